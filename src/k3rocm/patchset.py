@@ -1,0 +1,325 @@
+"""Apply, check and report the kimi-k3-rocm patch series on a vLLM tree.
+
+    python -m k3rocm.patchset {check,apply,status} --target DIR [--json]
+
+DIR holds the ``vllm/`` package (site-packages or a source tree); without
+``--target`` the installed vLLM is used. ``apply`` is all or nothing and
+idempotent. Exit codes: 0 done (or already applied), 1 refused or failed
+(the message says why and what to do), 2 usage error, 3 the tree already
+contains the upstream change (nothing to apply).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from k3rocm.series import MARKER_NAME, Series, SeriesError, default_series_dir
+
+EXIT_OK, EXIT_REFUSED, EXIT_UPSTREAM = 0, 1, 3
+_VERSION_RE = re.compile(
+    r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M
+)
+_DIST_RE = re.compile(r"^vllm(?:[-_]cpu|[-_]rocm)?-([^-]+)\.dist-info$")
+
+
+class Refusal(Exception):
+    """The tree is not one the series may touch; nothing was changed."""
+
+
+class AlreadyUpstream(Exception):
+    """The tree already carries the upstream change; nothing was changed."""
+
+
+@dataclass
+class TreeState:
+    target: str
+    vllm_version: str
+    state: str  # pristine | applied | upstream
+    series_id: str
+    marker: dict | None = None
+    changed: bool = False  # this run wrote to the tree
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def find_installed_target() -> Path:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        raise Refusal(
+            "no installed vllm package found; pass --target DIR, the directory "
+            "that holds vllm/"
+        )
+    return Path(next(iter(spec.submodule_search_locations))).parent
+
+
+def read_vllm_version(target: Path) -> str:
+    """The version a vLLM tree declares, read from files (never imported)."""
+    version_file = target / "vllm" / "_version.py"
+    if version_file.is_file():
+        match = _VERSION_RE.search(version_file.read_text())
+        if match:
+            return match.group(1)
+    for entry in sorted(target.iterdir()):
+        match = _DIST_RE.match(entry.name)
+        if match:
+            return match.group(1)
+    raise Refusal(
+        f"cannot tell which vLLM {target / 'vllm'} is: no vllm/_version.py and "
+        "no vllm*.dist-info beside it. Point --target at a vLLM install or a "
+        "built source tree."
+    )
+
+
+def read_marker(target: Path) -> dict | None:
+    path = target / "vllm" / MARKER_NAME
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise Refusal(
+            f"patch marker {path} is unreadable ({err}); reinstall vLLM "
+            f"and apply the series again"
+        ) from None
+
+
+def inspect(target: Path, series: Series) -> TreeState:
+    """Classify a tree, refusing anything the series must not touch."""
+    if not (target / "vllm" / "__init__.py").is_file():
+        raise Refusal(f"{target} holds no vllm/ package (no vllm/__init__.py)")
+    version = read_vllm_version(target)
+    marker = read_marker(target)
+    state = TreeState(str(target), version, "pristine", series.series_id, marker)
+    if marker is not None:
+        if marker.get("series_sha256") != series.sha256:
+            raise Refusal(
+                f"{target} was patched with series {marker.get('series_id')}, not "
+                f"{series.series_id}; reinstall vLLM {series.vllm_version} "
+                "(pristine) and apply this series"
+            )
+        _require_files_match(target, series, marker["patched_files"], "patched")
+        state.state = "applied"
+        return state
+    if version != series.vllm_version:
+        if _version_key(version) >= _version_key(series.upstream_since):
+            state.state = "upstream"
+            return state
+        raise Refusal(
+            f"found vLLM {version} in {target}, expected {series.vllm_version}; "
+            f"the series is made for vLLM {series.vllm_version} only. Install "
+            f"vllm=={series.vllm_version} (or use a base image that has it)."
+        )
+    _require_files_match(target, series, series.pristine_files, "pristine")
+    for rel in series.created_files:
+        if (target / rel).exists():
+            raise Refusal(
+                f"{target / rel} already exists in a tree without the patch "
+                "marker; the tree is not a pristine vLLM "
+                f"{series.vllm_version}. Reinstall vLLM and apply again."
+            )
+    return state
+
+
+def _require_files_match(
+    target: Path, series: Series, expected: dict[str, str], kind: str
+) -> None:
+    for rel, digest in expected.items():
+        path = target / rel
+        if not path.is_file():
+            raise Refusal(f"{path} is missing; the tree is not a {kind} vLLM tree")
+        found = _sha256(path)
+        if found != digest:
+            raise Refusal(
+                f"{path} has drifted from the {kind} vLLM {series.vllm_version} "
+                f"file (sha256 {found[:12]}, expected {digest[:12]}). Reinstall "
+                f"vLLM {series.vllm_version}, or refresh the series for this tree."
+            )
+
+
+def _stage(target: Path, series: Series, staging: Path) -> dict[str, bytes]:
+    """Apply the series to copies of the touched files; return their new bytes."""
+    for rel in series.touched_files:
+        if (target / rel).is_file():
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(target / rel, staging / rel)
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(staging.parent)}
+    for patch in series.patches:
+        result = subprocess.run(
+            ["git", "apply", "--whitespace=nowarn", str(patch)],
+            cwd=staging,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            raise Refusal(
+                f"patch {patch.name} does not apply to {target}: "
+                f"{result.stderr.strip()}\nNothing was changed. The series or "
+                "the tree is damaged: reinstall k3rocm / vLLM."
+            )
+    return {rel: (staging / rel).read_bytes() for rel in series.touched_files}
+
+
+def _commit(target: Path, new_files: dict[str, bytes]) -> None:
+    """Write every file or none: on any error restore what was there."""
+    originals: dict[Path, bytes | None] = {}
+    try:
+        for rel, content in new_files.items():
+            path = target / rel
+            originals[path] = path.read_bytes() if path.exists() else None
+            tmp = path.with_name(path.name + ".k3rocm-tmp")
+            tmp.write_bytes(content)
+            if originals[path] is not None:
+                shutil.copymode(path, tmp)
+            os.replace(tmp, path)
+    except OSError as err:
+        for path, content in originals.items():
+            path.with_name(path.name + ".k3rocm-tmp").unlink(missing_ok=True)
+            if content is None:
+                path.unlink(missing_ok=True)
+            elif path.read_bytes() != content:
+                path.write_bytes(content)
+        raise Refusal(
+            f"cannot write to {target} ({err}); nothing was changed. Run as a "
+            "user that may write the vLLM install."
+        ) from None
+
+
+def apply(target: Path, series: Series) -> TreeState:
+    state = inspect(target, series)
+    if state.state == "applied":
+        return state
+    if state.state == "upstream":
+        raise AlreadyUpstream(_upstream_message(state, series))
+    with tempfile.TemporaryDirectory(prefix="k3rocm-stage-") as tmp:
+        new_files = _stage(target, series, Path(tmp))
+    marker = {
+        "series_id": series.series_id,
+        "series_revision": series.revision,
+        "series_sha256": series.sha256,
+        "vllm_version": state.vllm_version,
+        "patches": [p.name for p in series.patches],
+        "patched_files": {
+            rel: hashlib.sha256(content).hexdigest()
+            for rel, content in new_files.items()
+        },
+        "applied_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    new_files[f"vllm/{MARKER_NAME}"] = (json.dumps(marker, indent=2) + "\n").encode()
+    _commit(target, new_files)
+    state.state, state.marker, state.changed = "applied", marker, True
+    return state
+
+
+def check(target: Path, series: Series) -> TreeState:
+    """Everything ``apply`` verifies, without writing to the tree."""
+    state = inspect(target, series)
+    if state.state == "upstream":
+        raise AlreadyUpstream(_upstream_message(state, series))
+    if state.state == "pristine":
+        with tempfile.TemporaryDirectory(prefix="k3rocm-stage-") as tmp:
+            _stage(target, series, Path(tmp))
+    return state
+
+
+def _upstream_message(state: TreeState, series: Series) -> str:
+    return (
+        f"vLLM {state.vllm_version} in {state.target} already contains the "
+        f"upstream change (since {series.upstream_since}); nothing to apply, "
+        "nothing changed. This image and series are made for vLLM "
+        f"{series.vllm_version}."
+    )
+
+
+_MESSAGES = {
+    ("apply", "done"): "applied series {series_id} to vLLM {vllm_version} in {target}",
+    (
+        "apply",
+        "applied",
+    ): "already applied: series {series_id} on vLLM {vllm_version} in {target}",
+    (
+        "check",
+        "pristine",
+    ): "series {series_id} applies cleanly to vLLM {vllm_version} in {target}",
+    (
+        "check",
+        "applied",
+    ): "already applied: series {series_id} on vLLM {vllm_version} in {target}",
+    ("status", "pristine"): "not applied: vLLM {vllm_version} in {target} is pristine",
+    (
+        "status",
+        "applied",
+    ): "applied: series {series_id} on vLLM {vllm_version} in {target}",
+    (
+        "status",
+        "upstream",
+    ): "upstream: vLLM {vllm_version} in {target} already has the change",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m k3rocm.patchset", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("command", choices=["check", "apply", "status"])
+    parser.add_argument(
+        "--target",
+        type=Path,
+        help="directory that holds vllm/ (default: the installed vLLM)",
+    )
+    parser.add_argument(
+        "--series",
+        type=Path,
+        help="series directory (default: the one shipped with k3rocm)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+
+    try:
+        series = Series(args.series or default_series_dir())
+        target = (args.target or find_installed_target()).resolve()
+        action = {"check": check, "apply": apply, "status": inspect}[args.command]
+        state = action(target, series)
+    except AlreadyUpstream as err:
+        return _report(
+            args, {"ok": False, "state": "upstream", "message": str(err)}, EXIT_UPSTREAM
+        )
+    except (Refusal, SeriesError) as err:
+        return _report(
+            args, {"ok": False, "state": "refused", "message": str(err)}, EXIT_REFUSED
+        )
+    outcome = "done" if state.changed else state.state
+    message = _MESSAGES[(args.command, outcome)].format(**asdict(state))
+    return _report(args, {"ok": True, **asdict(state), "message": message}, EXIT_OK)
+
+
+def _report(args: argparse.Namespace, result: dict, code: int) -> int:
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        stream = sys.stdout if code == EXIT_OK else sys.stderr
+        prefix = "" if code == EXIT_OK else "k3rocm.patchset: "
+        print(prefix + result["message"], file=stream)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

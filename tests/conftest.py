@@ -1,0 +1,27 @@
+"""Test session set-up: import vLLM from a tree the real patch tool patched,
+and let vLLM's Triton kernels run in the Triton interpreter on the CPU."""
+
+import os
+import sys
+
+# Before triton is imported anywhere: run kernels on CPU tensors.
+os.environ["TRITON_INTERPRET"] = "1"
+
+from vllm_trees import patched_tree  # noqa: E402
+
+PATCHED_ROOT = patched_tree()
+sys.path.insert(0, str(PATCHED_ROOT))
+
+
+def _enable_triton_for_vllm() -> None:
+    """vllm.triton_utils swaps Triton for a placeholder when no GPU driver is
+    active; bind the real modules so @triton.jit kernels run interpreted."""
+    import triton
+    import triton.language as tl
+
+    import vllm.triton_utils as triton_utils
+
+    triton_utils.triton, triton_utils.tl, triton_utils.HAS_TRITON = triton, tl, True
+
+
+_enable_triton_for_vllm()
