@@ -1,0 +1,13 @@
+"""Names the launcher, the metrics plugin and the smoke test share."""
+
+import os
+from pathlib import Path
+
+# Where the smoke test writes its JSON report; the metrics plugin reads it
+# for the verdict gauge, the container health check for readiness.
+SMOKE_REPORT_ENV = "K3_SMOKE_REPORT"
+DEFAULT_SMOKE_REPORT = Path("/run/k3rocm/smoke-report.json")
+
+
+def smoke_report_path() -> Path:
+    return Path(os.environ.get(SMOKE_REPORT_ENV, DEFAULT_SMOKE_REPORT))
