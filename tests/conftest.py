@@ -7,7 +7,7 @@ import sys
 # Before triton is imported anywhere: run kernels on CPU tensors.
 os.environ["TRITON_INTERPRET"] = "1"
 
-from vllm_trees import patched_tree  # noqa: E402
+from vllm_trees import patched_tree
 
 PATCHED_ROOT = patched_tree()
 sys.path.insert(0, str(PATCHED_ROOT))
@@ -18,7 +18,6 @@ def _enable_triton_for_vllm() -> None:
     active; bind the real modules so @triton.jit kernels run interpreted."""
     import triton
     import triton.language as tl
-
     import vllm.triton_utils as triton_utils
 
     triton_utils.triton, triton_utils.tl, triton_utils.HAS_TRITON = triton, tl, True

