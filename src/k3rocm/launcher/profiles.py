@@ -1,0 +1,193 @@
+"""Launch profiles, features and the AMD recipe for Kimi-K3 on vLLM 0.27.1.
+
+Every flag and value here is one that vLLM 0.27.1's `vllm serve` parser
+accepts; tests/test_launcher_vllm_parser.py checks that against the installed
+vLLM."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+
+
+class MultiNode(Enum):
+    NONE = "none"
+    # vLLM's own multi-node launch: the same command on every node with
+    # --nnodes/--node-rank/--master-addr/--master-port, --headless on workers.
+    NATIVE = "native"
+    # One command on the head node of a running Ray cluster; Ray places the
+    # workers on the other nodes.
+    RAY = "ray"
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    summary: str
+    tensor_parallel: int
+    data_parallel: int
+    expert_parallel: bool
+    multi_node: MultiNode
+    # False only for cpu-dev: no recipe flags, no AMD environment, no GPUs.
+    kimi_on_rocm: bool = True
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel * self.data_parallel
+
+    @property
+    def default_num_nodes(self) -> int:
+        if self.multi_node is MultiNode.NONE:
+            return 1
+        return self.world_size // GPUS_PER_NODE
+
+
+# An MI355X/MI350X node carries 8 GPUs.
+GPUS_PER_NODE = 8
+
+PROFILES: dict[str, Profile] = {
+    profile.name: profile
+    for profile in (
+        Profile("tp8", "one node, tensor parallel 8", 8, 1, False, MultiNode.NONE),
+        Profile(
+            "tep8",
+            "one node, tensor parallel 8 with expert parallel MoE",
+            8,
+            1,
+            True,
+            MultiNode.NONE,
+        ),
+        Profile(
+            "tep16",
+            "two nodes (vLLM native multi-node), tensor parallel 16 with expert "
+            "parallel MoE",
+            16,
+            1,
+            True,
+            MultiNode.NATIVE,
+        ),
+        Profile(
+            "dep16",
+            "two nodes (vLLM native multi-node), data parallel 16 attention with "
+            "expert parallel MoE",
+            1,
+            16,
+            True,
+            MultiNode.NATIVE,
+        ),
+        Profile(
+            "tep16-ray",
+            "tep16 on a Ray cluster, started on the head node only",
+            16,
+            1,
+            True,
+            MultiNode.RAY,
+        ),
+        Profile(
+            "dep16-ray",
+            "dep16 on a Ray cluster (Ray data-parallel backend), started on the "
+            "head node only",
+            1,
+            16,
+            True,
+            MultiNode.RAY,
+        ),
+        Profile(
+            "cpu-dev",
+            "development only: plain single-process vLLM for any model, no "
+            "Kimi-K3 or AMD settings, no GPU check",
+            1,
+            1,
+            False,
+            MultiNode.NONE,
+            kimi_on_rocm=False,
+        ),
+    )
+}
+DEFAULT_PROFILE = "tp8"
+
+# The recipe's AMD environment. VLLM_USE_BREAKABLE_CUDAGRAPH=0 is required on
+# ROCm; the others are tunables an operator may set differently beforehand.
+AMD_ENV = (
+    ("VLLM_ROCM_USE_AITER", "1"),
+    ("SAFETENSORS_FAST_GPU", "1"),
+    # 1: the a8w4 MoE path; 0 selects a16w4.
+    ("AITER_SITUV2_A8W4", "1"),
+    ("AITER_BF16_FP8_MOE_BOUND", "0"),
+    ("VLLM_USE_BREAKABLE_CUDAGRAPH", "0"),
+)
+REQUIRED_AMD_ENV = {"VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
+
+# The recipe's AMD flags that no setting or feature controls. Extra arguments
+# come after them, so an operator can still override any of these.
+AMD_ARGS = (
+    ("--trust-remote-code",),
+    ("--load-format", "auto"),
+    ("--gpu-memory-utilization", "0.95"),
+    ("--max-num-batched-tokens", "4096"),
+)
+AMD_MAX_NUM_SEQS = 128
+
+DSPARK_SPECULATIVE_CONFIG = {
+    "method": "dspark",
+    "model": "Inferact/Kimi-K3-DSpark",
+    "num_speculative_tokens": 7,
+    "attention_backend": "TRITON_MLA",
+}
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str
+    meaning: str
+    args: tuple[tuple[str, ...], ...]
+
+
+# In the order their flags appear in the command.
+FEATURES: dict[str, Feature] = {
+    feature.name: feature
+    for feature in (
+        Feature(
+            "reasoning",
+            "split Kimi-K3's thinking from the answer",
+            (("--reasoning-parser", "kimi_k3"),),
+        ),
+        Feature(
+            "tools",
+            "tool calling with automatic tool choice",
+            (("--enable-auto-tool-choice",), ("--tool-call-parser", "kimi_k3")),
+        ),
+        Feature(
+            "dspark",
+            "DSpark speculative decoding, 7 draft tokens (AMD settings)",
+            (
+                (
+                    "--speculative-config",
+                    json.dumps(DSPARK_SPECULATIVE_CONFIG, separators=(",", ":")),
+                ),
+            ),
+        ),
+        Feature(
+            "encoder-dp",
+            "run the vision encoder data-parallel across the TP ranks",
+            (("--mm-encoder-tp-mode", "data"),),
+        ),
+        Feature(
+            "text-only",
+            "load the language model only, no vision encoder",
+            (("--language-model-only",),),
+        ),
+        Feature("fp8-kv", "FP8 KV cache", (("--kv-cache-dtype", "fp8"),)),
+    )
+}
+# The recipe's own defaults: the reasoning parser and the data-parallel
+# vision encoder.
+DEFAULT_FEATURES = ("reasoning", "encoder-dp")
+
+# Pairs of features that cannot go together, and why.
+FEATURE_CONFLICTS = {
+    frozenset({"text-only", "encoder-dp"}): (
+        "text-only loads no vision encoder, so there is no encoder to run data-parallel"
+    ),
+}
