@@ -1,0 +1,317 @@
+"""The Grafana dashboard for kimi-k3-rocm servers, generated from code.
+
+    python -m k3rocm.dashboard --output monitoring/grafana/dashboards/kimi-k3-rocm.json
+
+The committed JSON is what Grafana provisions; a test fails when it differs
+from what this module generates, so edit here and regenerate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+UID = "kimi-k3-rocm"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+INSTANCE = 'instance=~"$instance"'
+WIDTH = 24  # Grafana's grid width
+STEP_KINDS_SELECTOR = f'{INSTANCE}, kind!="dummy"'
+VERDICT_MAPPINGS = [
+    {
+        "type": "value",
+        "options": {
+            "1": {"text": "pass", "color": "green", "index": 0},
+            "0": {"text": "FAIL", "color": "red", "index": 1},
+            "-1": {"text": "pending", "color": "yellow", "index": 2},
+        },
+    }
+]
+
+
+def rate(metric: str, selector: str = INSTANCE) -> str:
+    return f"rate({metric}{{{selector}}}[$__rate_interval])"
+
+
+def quantile(q: float, histogram: str, by: str, selector: str = INSTANCE) -> str:
+    return (
+        f"histogram_quantile({q}, sum by ({by}) "
+        f"({rate(histogram + '_bucket', selector)}))"
+    )
+
+
+def target(ref: str, expr: str, legend: str, **extra) -> dict:
+    return {
+        "refId": ref,
+        "datasource": DATASOURCE,
+        "expr": expr,
+        "legendFormat": legend,
+        **extra,
+    }
+
+
+def timeseries(title: str, unit: str, targets: list[dict], description: str) -> dict:
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "options": {
+            "legend": {"displayMode": "table", "placement": "bottom"},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+        "targets": targets,
+    }
+
+
+def latency_panel(title: str, histogram: str, description: str) -> dict:
+    return timeseries(
+        title,
+        "s",
+        [
+            target("A", quantile(0.5, histogram, "le"), "p50"),
+            target("B", quantile(0.99, histogram, "le"), "p99"),
+        ],
+        description,
+    )
+
+
+def panels() -> list[list[tuple[int, int, dict]]]:
+    """Rows of (width, height, panel), laid out left to right."""
+    step = "k3rocm_engine_step_duration_seconds"
+    build_info = {
+        "type": "table",
+        "title": "Build",
+        "description": "vLLM version, applied patch series (none: unpatched), "
+        "image tag and ROCm version of each server (k3rocm_build_info).",
+        "datasource": DATASOURCE,
+        "targets": [
+            target(
+                "A",
+                f"k3rocm_build_info{{{INSTANCE}}}",
+                "",
+                instant=True,
+                format="table",
+            )
+        ],
+        "transformations": [
+            {
+                "id": "organize",
+                "options": {"excludeByName": {"Time": True, "Value": True}},
+            }
+        ],
+    }
+    smoke = {
+        "type": "stat",
+        "title": "Smoke verdict (stall-free prefill path)",
+        "description": "k3rocm_smoke_verdict: 1 pass, 0 fail, -1 no verdict yet.",
+        "datasource": DATASOURCE,
+        "fieldConfig": {
+            "defaults": {"mappings": VERDICT_MAPPINGS, "unit": "none"},
+            "overrides": [],
+        },
+        "options": {"colorMode": "background", "textMode": "value_and_name"},
+        "targets": [target("A", f"k3rocm_smoke_verdict{{{INSTANCE}}}", "{{instance}}")],
+    }
+    step_latency = timeseries(
+        "Engine step latency by kind",
+        "s",
+        [
+            target(
+                "A",
+                quantile(0.5, step, "le, kind", STEP_KINDS_SELECTOR),
+                "{{kind}} p50",
+            ),
+            target(
+                "B",
+                quantile(0.99, step, "le, kind", STEP_KINDS_SELECTOR),
+                "{{kind}} p99",
+            ),
+        ],
+        "Wall time of one engine step (k3rocm_engine_step_duration_seconds). "
+        "The stall-free prefill path shortens prefill and mixed steps.",
+    )
+    steps_per_second = timeseries(
+        "Engine steps per second by kind",
+        "ops",
+        [
+            target(
+                "A",
+                "sum by (kind) "
+                f"({rate('k3rocm_engine_steps_total', STEP_KINDS_SELECTOR)})",
+                "{{kind}}",
+            )
+        ],
+        "k3rocm_engine_steps_total, without data-parallel dummy steps.",
+    )
+    tokens_per_second = timeseries(
+        "Scheduled tokens per second by step kind",
+        "short",
+        [
+            target(
+                "A",
+                f"sum by (kind) ({rate('k3rocm_engine_step_context_tokens_total')})",
+                "{{kind}} context",
+            ),
+            target(
+                "B",
+                f"sum by (kind) ({rate('k3rocm_engine_step_generation_tokens_total')})",
+                "{{kind}} generation",
+            ),
+        ],
+        "Context (prompt) and generation tokens the scheduler gave each kind of step.",
+    )
+    requests = timeseries(
+        "Running and waiting requests",
+        "short",
+        [
+            target(
+                "A",
+                f"sum by (instance) (vllm:num_requests_running{{{INSTANCE}}})",
+                "{{instance}} running",
+            ),
+            target(
+                "B",
+                f"sum by (instance) (vllm:num_requests_waiting{{{INSTANCE}}})",
+                "{{instance}} waiting",
+            ),
+        ],
+        "vLLM's scheduler queues: requests in the batch and requests waiting.",
+    )
+    kv_cache = timeseries(
+        "KV cache usage",
+        "percentunit",
+        [
+            target(
+                "A",
+                f"max by (instance, engine) (vllm:kv_cache_usage_perc{{{INSTANCE}}})",
+                "{{instance}} engine {{engine}}",
+            )
+        ],
+        "Fraction of KV cache blocks in use (vllm:kv_cache_usage_perc).",
+    )
+    kv_cache["fieldConfig"]["defaults"].update(min=0, max=1)
+    return [
+        [(16, 6, build_info), (8, 6, smoke)],
+        [(WIDTH, 9, step_latency)],
+        [(12, 8, steps_per_second), (12, 8, tokens_per_second)],
+        [
+            (
+                8,
+                8,
+                latency_panel(
+                    "Time to first token",
+                    "vllm:time_to_first_token_seconds",
+                    "vllm:time_to_first_token_seconds, p50 and p99.",
+                ),
+            ),
+            (
+                8,
+                8,
+                latency_panel(
+                    "Inter-token latency",
+                    "vllm:inter_token_latency_seconds",
+                    "vllm:inter_token_latency_seconds, p50 and p99.",
+                ),
+            ),
+            (
+                8,
+                8,
+                latency_panel(
+                    "End-to-end request latency",
+                    "vllm:e2e_request_latency_seconds",
+                    "vllm:e2e_request_latency_seconds, p50 and p99.",
+                ),
+            ),
+        ],
+        [(12, 8, requests), (12, 8, kv_cache)],
+    ]
+
+
+def templating() -> dict:
+    instances = "label_values(k3rocm_build_info, instance)"
+    return {
+        "list": [
+            {
+                "name": "datasource",
+                "label": "Data source",
+                "type": "datasource",
+                "query": "prometheus",
+                "current": {},
+                "hide": 0,
+                "refresh": 1,
+            },
+            {
+                "name": "instance",
+                "label": "Instance",
+                "type": "query",
+                "datasource": DATASOURCE,
+                "definition": instances,
+                "query": {"query": instances, "refId": "instances"},
+                "multi": True,
+                "includeAll": True,
+                "allValue": ".*",
+                "current": {},
+                "hide": 0,
+                "refresh": 2,
+                "sort": 1,
+            },
+        ]
+    }
+
+
+def dashboard() -> dict:
+    laid_out = []
+    y = 0
+    panel_id = 1
+    for row in panels():
+        x = 0
+        for width, height, panel in row:
+            laid_out.append(
+                {
+                    "id": panel_id,
+                    "gridPos": {"x": x, "y": y, "w": width, "h": height},
+                    **panel,
+                }
+            )
+            panel_id += 1
+            x += width
+        assert x == WIDTH, f"row at y={y} is {x} wide, not {WIDTH}"
+        y += max(height for _, height, _ in row)
+    return {
+        "uid": UID,
+        "title": "Kimi-K3 on ROCm: engine steps and serving",
+        "description": "Engine step latency from the k3rocm vLLM plugin next to "
+        "vLLM's own serving metrics.",
+        "tags": ["kimi-k3", "vllm", "rocm"],
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "templating": templating(),
+        "annotations": {"list": []},
+        "panels": laid_out,
+    }
+
+
+def render() -> str:
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, help="write here (default: stdout)")
+    args = parser.parse_args(argv)
+    if args.output is None:
+        sys.stdout.write(render())
+    else:
+        args.output.write_text(render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
