@@ -39,3 +39,15 @@ def vllm_metrics_args(*, single_api_server: bool) -> tuple[str, ...]:
 # The image's tag, set in the image; the metrics plugin reports it in
 # k3rocm_build_info.
 IMAGE_TAG_ENV = "K3_IMAGE_TAG"
+
+# The container's runtime directory (k3rocm.supervise clears it at start):
+# the smoke test's ready mark (the health check needs it) and its stage-1
+# gate (vLLM starts only after it).
+RUN_DIR_ENV = "K3_RUN_DIR"
+DEFAULT_RUN_DIR = Path("/run/k3rocm")
+READY_MARK = "ready"
+STAGE1_GATE = "stage1-done"
+
+
+def run_dir() -> Path:
+    return Path(os.environ.get(RUN_DIR_ENV, DEFAULT_RUN_DIR))
