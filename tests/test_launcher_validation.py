@@ -1,0 +1,349 @@
+"""The launcher run for real through scripts/serve-kimi-k3: every invalid
+setting exits 2 with a message that says what is wrong and how to fix it and
+starts nothing; valid settings exec the vLLM command in the launcher's own
+process, with the API key only in its environment."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WRAPPER = REPO / "scripts" / "serve-kimi-k3"
+API_KEY = "k3-test-key-5f0c2a9e"
+
+# Stands in for `vllm serve` (GPU profiles cannot start here): it records the
+# argv, pid and environment it was started with, and with HOLD set waits for
+# SIGTERM so the test can check where signals land.
+RECORDER = """#!/usr/bin/env bash
+printf '%s\\0' "$@" > "$RECORD_DIR/argv"
+env -0 > "$RECORD_DIR/env"
+echo $$ > "$RECORD_DIR/pid"
+if [ -n "${HOLD:-}" ]; then
+  trap 'echo TERM > "$RECORD_DIR/signal"; exit 0' TERM
+  while true; do sleep 0.05; done
+fi
+"""
+
+
+@dataclass
+class Node:
+    """A scratch node: eight GPU render devices, a checkpoint directory, a
+    private API key file and the recording stand-in for vLLM."""
+
+    root: Path
+    dri: Path = field(init=False)
+    model: Path = field(init=False)
+    key_file: Path = field(init=False)
+    record: Path = field(init=False)
+    recorder: Path = field(init=False)
+
+    def __post_init__(self):
+        self.dri = self.root / "dri"
+        self.dri.mkdir()
+        for minor in range(128, 136):
+            (self.dri / f"renderD{minor}").touch()
+        (self.dri / "card0").touch()
+        self.model = self.root / "Kimi-K3"
+        self.model.mkdir()
+        (self.model / "config.json").write_text("{}")
+        self.key_file = self.root / "api-key"
+        self.key_file.write_text(API_KEY + "\n")
+        self.key_file.chmod(0o600)
+        self.record = self.root / "record"
+        self.record.mkdir()
+        self.recorder = self.root / "fake-vllm"
+        self.recorder.write_text(RECORDER)
+        self.recorder.chmod(0o755)
+
+    def env(self, **settings: str) -> dict[str, str]:
+        return {
+            "PATH": os.environ["PATH"],
+            "K3_LAUNCHER_PYTHON": sys.executable,
+            "RECORD_DIR": str(self.record),
+            "K3_DRI_DIR": str(self.dri),
+            "K3_MODEL": str(self.model),
+            "K3_VLLM_COMMAND": f"{self.recorder} serve",
+            **settings,
+        }
+
+    def run(self, *argv: str, **settings: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(WRAPPER), *argv],
+            env=self.env(**settings),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    def started(self) -> bool:
+        return (self.record / "pid").exists()
+
+    def recorded_argv(self) -> list[str]:
+        return (self.record / "argv").read_text().split("\0")[:-1]
+
+    def recorded_env(self) -> dict[str, str]:
+        items = (self.record / "env").read_text().split("\0")
+        return dict(item.split("=", 1) for item in items if item)
+
+
+@pytest.fixture
+def node(tmp_path) -> Node:
+    return Node(tmp_path)
+
+
+def assert_rejected(node: Node, result, *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, (fragment, result.stderr)
+    assert "nothing started" in result.stderr
+    assert result.stdout == ""
+    assert not node.started(), "vLLM was started despite invalid settings"
+
+
+# Each case: settings, then fragments the message must contain (what is
+# wrong, then how to fix it).
+INVALID = {
+    "unknown profile": (
+        {"K3_PROFILE": "tp9"},
+        ["K3_PROFILE (--profile) is 'tp9'", "use one of: tp8, tep8, tep16, dep16"],
+    ),
+    "unknown feature": (
+        {"K3_FEATURES": "reasoning,vision"},
+        ["unknown feature(s) vision", "reasoning, tools, dspark"],
+    ),
+    "text-only with encoder data-parallel": (
+        {"K3_FEATURES": "text-only,encoder-dp"},
+        ["both encoder-dp and text-only", "no vision encoder", "drop one"],
+    ),
+    "features on cpu-dev": (
+        {"K3_PROFILE": "cpu-dev", "K3_FEATURES": "tools"},
+        ["without Kimi-K3 features", "K3_EXTRA_ARGS"],
+    ),
+    "model path missing": (
+        {"K3_MODEL": "/models/nowhere/Kimi-K3"},
+        ["'/models/nowhere/Kimi-K3', which does not exist", "mount the checkpoint"],
+    ),
+    "relative model path missing": (
+        {"K3_MODEL": "./Kimi-K3-local"},
+        ["does not exist", "point the setting at its directory"],
+    ),
+    "neither a path nor a model id": (
+        {"K3_MODEL": "kimi k3 please"},
+        ["not a Hugging Face model id", "moonshotai/Kimi-K3"],
+    ),
+    "too few GPUs counted": (
+        {"K3_PROFILE": "tep8", "K3_DRI_DIR": "/nonexistent-dri"},
+        ["needs 8 GPUs on this node", "0 are visible (renderD* devices in"],
+    ),
+    "too few GPUs by override": (
+        {"K3_GPU_COUNT": "7"},
+        ["needs 8 GPUs", "7 are visible (set by K3_GPU_COUNT", "pick a profile"],
+    ),
+    "port not a number": (
+        {"K3_PORT": "http"},
+        ["K3_PORT (--port) is 'http', not a whole number from 1 to 65535"],
+    ),
+    "port out of range": ({"K3_PORT": "65536"}, ["is '65536', not a whole number"]),
+    "port zero": ({"K3_PORT": "0"}, ["K3_PORT (--port) is '0'"]),
+    "master port out of range": (
+        {"K3_MASTER_PORT": "70000"},
+        ["K3_MASTER_PORT (--master-port) is '70000'", "e.g. --master-port 29501"],
+    ),
+    "API key file missing": (
+        {"K3_API_KEY_FILE": "/run/secrets/none"},
+        ["'/run/secrets/none', which is not an existing file", "chmod 600"],
+    ),
+    "multi-node without master address": (
+        {"K3_PROFILE": "tep16", "K3_NODE_RANK": "1"},
+        ["K3_MASTER_ADDR (--master-addr) is not set", "address of node 0"],
+    ),
+    "multi-node without node rank": (
+        {"K3_PROFILE": "dep16", "K3_MASTER_ADDR": "10.0.0.1"},
+        ["K3_NODE_RANK (--node-rank) is not set", "set it to 0 on the node"],
+    ),
+    "node rank out of range": (
+        {"K3_PROFILE": "dep16", "K3_MASTER_ADDR": "10.0.0.1", "K3_NODE_RANK": "2"},
+        ["K3_NODE_RANK (--node-rank) is 2", "set it to 0 to 1"],
+    ),
+    "node count not dividing the GPUs": (
+        {"K3_PROFILE": "tep16", "K3_NUM_NODES": "3"},
+        ["K3_NUM_NODES (--num-nodes) is 3", "divisor of 16"],
+    ),
+    "single-node profile on two nodes": (
+        {"K3_NUM_NODES": "2"},
+        ["profile tp8 runs on one node", "tep16, dep16"],
+    ),
+    "Ray profile on a worker node": (
+        {"K3_PROFILE": "dep16-ray", "K3_NODE_RANK": "1"},
+        ["Ray head node only", "ray start --address"],
+    ),
+    "API key in extra arguments": (
+        {"K3_EXTRA_ARGS": "--api-key=secret"},
+        ["passes --api-key", "K3_API_KEY_FILE"],
+    ),
+    "managed flag in extra arguments": (
+        {"K3_EXTRA_ARGS": "--enable-prefix-caching --tensor_parallel_size 16"},
+        ["passes --tensor-parallel-size", "set K3_PROFILE (--profile) instead"],
+    ),
+    "unbalanced quote in extra arguments": (
+        {"K3_EXTRA_ARGS": "--chat-template 'x"},
+        ["cannot be split like a shell command line", "balance its quotes"],
+    ),
+    "ROCm-required variable overridden": (
+        {"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"},
+        ["VLLM_USE_BREAKABLE_CUDAGRAPH is '1'", "requires", "unset it"],
+    ),
+    "dry run not a yes or no": (
+        {"K3_DRY_RUN": "maybe"},
+        ["K3_DRY_RUN (--dry-run) is 'maybe'", "set it to 1 or 0"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_invalid_setting_is_refused(node, case):
+    settings, fragments = INVALID[case]
+    assert_rejected(node, node.run(**settings), *fragments)
+
+
+def test_invalid_settings_are_refused_in_dry_run_too(node):
+    result = node.run("--dry-run", K3_PROFILE="tep16")
+    assert_rejected(node, result, "K3_NODE_RANK", "K3_MASTER_ADDR")
+
+
+def test_every_problem_is_reported_at_once(node):
+    result = node.run(K3_PROFILE="tep16", K3_FEATURES="tools,sparkles", K3_PORT="x")
+    assert_rejected(
+        node, result, "sparkles", "K3_PORT", "K3_NODE_RANK", "K3_MASTER_ADDR"
+    )
+
+
+def test_command_line_option_wins_over_variable(node):
+    result = node.run("--profile", "tp16", K3_PROFILE="tp8")
+    assert_rejected(node, result, "is 'tp16', which is not a profile")
+    ok = node.run("--dry-run", "--profile", "tp8", K3_PROFILE="tp16")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_unknown_option_is_a_usage_error(node):
+    result = node.run("--tensor-parallel-size", "8")
+    assert result.returncode == 2
+    assert "unrecognized arguments" in result.stderr
+    assert not node.started()
+
+
+def test_model_directory_without_config_json(node):
+    (node.model / "config.json").unlink()
+    result = node.run()
+    assert_rejected(node, result, "which has no config.json", "top directory")
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o604])
+def test_world_readable_api_key_file(node, mode):
+    node.key_file.chmod(mode)
+    result = node.run(K3_API_KEY_FILE=str(node.key_file))
+    assert_rejected(node, result, "is readable by every user", "chmod o-rwx")
+    assert API_KEY not in result.stderr
+
+
+def test_empty_api_key_file(node):
+    node.key_file.write_text("\n")
+    result = node.run(K3_API_KEY_FILE=str(node.key_file))
+    assert_rejected(node, result, "must hold exactly one key")
+
+
+def test_model_id_is_accepted_without_a_local_directory(node):
+    result = node.run("--dry-run", K3_MODEL="moonshotai/Kimi-K3")
+    assert result.returncode == 0, result.stderr
+    assert " serve moonshotai/Kimi-K3 \\\n" in result.stdout
+
+
+def test_cpu_dev_needs_no_gpus(node):
+    shutil.rmtree(node.dri)
+    result = node.run(
+        "--dry-run", K3_PROFILE="cpu-dev", VLLM_USE_BREAKABLE_CUDAGRAPH="1"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "export" not in result.stdout
+
+
+def test_multi_node_gpu_count_is_per_node(node):
+    for extra in ("renderD136", "renderD137"):
+        (node.dri / extra).touch()
+    two_nodes = {"K3_PROFILE": "tep16", "K3_NODE_RANK": "1", "K3_MASTER_ADDR": "h0"}
+    assert node.run("--dry-run", **two_nodes).returncode == 0
+    result = node.run(**two_nodes, K3_NUM_NODES="4", K3_GPU_COUNT="3")
+    assert_rejected(node, result, "needs 4 GPUs on this node", "16 GPUs over 4 node(s)")
+
+
+# -- valid settings start vLLM ------------------------------------------------
+
+
+def test_valid_settings_exec_vllm_with_key_in_environment_only(node):
+    settings = {"K3_API_KEY_FILE": str(node.key_file), "K3_FEATURES": "tools"}
+    dry = node.run("--dry-run", **settings)
+    assert dry.returncode == 0, dry.stderr
+    assert API_KEY not in dry.stdout + dry.stderr
+    assert "export VLLM_API_KEY='<hidden>'\n" in dry.stdout
+
+    result = node.run(**settings)
+    assert result.returncode == 0, result.stderr
+    argv = node.recorded_argv()
+    env = node.recorded_env()
+    assert argv[:2] == ["serve", str(node.model)]
+    assert "--enable-auto-tool-choice" in argv
+    assert not any(API_KEY in arg for arg in argv)
+    assert env["VLLM_API_KEY"] == API_KEY
+    assert env["VLLM_USE_BREAKABLE_CUDAGRAPH"] == "0"
+    assert env["VLLM_ROCM_USE_AITER"] == "1"
+    # The dry run printed exactly what was executed.
+    printed = dry.stdout.split("exec ", 1)[1].replace(" \\\n  ", " ").split()
+    assert printed[1:] == argv
+
+
+def test_vllm_replaces_the_launcher_and_gets_its_signals(node):
+    env = node.env(HOLD="1")
+    process = subprocess.Popen(
+        [str(WRAPPER)], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        pid_file = node.record / "pid"
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() and process.poll() is None:
+            assert time.monotonic() < deadline, "vLLM stand-in never started"
+            time.sleep(0.05)
+        assert process.poll() is None, process.stderr.read()
+        # bash exec'd Python, which exec'd vLLM: one process throughout.
+        assert int(pid_file.read_text()) == process.pid
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+        assert (node.record / "signal").read_text() == "TERM\n"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_missing_vllm_command_is_reported(node):
+    result = node.run(K3_VLLM_COMMAND="/nonexistent/vllm serve")
+    assert result.returncode == 127
+    assert "cannot start '/nonexistent/vllm'" in result.stderr
+    assert "K3_VLLM_COMMAND" in result.stderr
+
+
+def test_wrapper_is_shellcheck_clean():
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck is not installed")
+    subprocess.run([shellcheck, str(WRAPPER)], check=True)
+    assert WRAPPER.stat().st_mode & stat.S_IXUSR
