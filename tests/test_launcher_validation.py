@@ -347,3 +347,19 @@ def test_wrapper_is_shellcheck_clean():
         pytest.skip("shellcheck is not installed")
     subprocess.run([shellcheck, str(WRAPPER)], check=True)
     assert WRAPPER.stat().st_mode & stat.S_IXUSR
+
+
+def test_readme_documents_every_setting_profile_and_feature():
+    from k3rocm.launcher.profiles import FEATURES, PROFILES
+    from k3rocm.launcher.settings import SETTINGS
+
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Launching Kimi-K3", 1)[1].split("\n## ", 1)[0]
+    for setting in SETTINGS:
+        row = (
+            f"| `{setting.env}` | `{setting.option}` | {setting.default} | "
+            f"{setting.meaning} |"
+        )
+        assert row in section, f"README's settings table lacks or misstates {row}"
+    for name in (*PROFILES, *FEATURES):
+        assert f"| `{name}`" in section, name
