@@ -5,11 +5,13 @@
 #   build-steps.sh patch     assert the base (vLLM, ROCm), apply the series
 #   build-steps.sh finish    versions file, runtime user and directories
 # Inputs (build arguments in the Dockerfile): K3_WHEELS (dir), ROCM_VERSION,
-# K3_SERIES_ID, K3_UID. K3_PYTHON picks the interpreter; K3_ROOT is a prefix
-# for the files `finish` writes (empty in the image).
+# K3_SERIES_ID, K3_UID. K3_PYTHON picks the interpreter, K3_ROCM_ROOT the ROCm
+# install; K3_ROOT is a prefix for the files `finish` writes (empty in the
+# image).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 python=${K3_PYTHON:-python3}
+rocm_root=${K3_ROCM_ROOT:-/opt/rocm}
 root=${K3_ROOT:-}
 
 install() {
@@ -20,13 +22,15 @@ install() {
 }
 
 patch() {
-  "$python" -m k3rocm.image verify-base --rocm-version "${ROCM_VERSION:?}"
+  "$python" -m k3rocm.image verify-base --rocm-version "${ROCM_VERSION:?}" \
+    --rocm-root "$rocm_root"
   "$python" -m k3rocm.image patch --series-id "${K3_SERIES_ID:?}"
   "$python" -m k3rocm.patchset status
 }
 
 finish() {
-  "$python" -m k3rocm.image versions --out "$root/etc/k3rocm/versions.json"
+  "$python" -m k3rocm.image versions --rocm-root "$rocm_root" \
+    --out "$root/etc/k3rocm/versions.json"
   # The GPU device nodes belong to video and render; the base image may lack
   # a render group (its GID is the host's anyway: compose adds it by number).
   local group

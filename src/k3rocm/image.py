@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata as md
 import json
+import os
 import platform
 import sys
 from pathlib import Path
@@ -97,7 +98,12 @@ def patch(target: Path, series: Series, expected_series_id: str | None) -> str:
 
 
 def versions(target: Path, series: Series, rocm_root: Path) -> dict:
-    recorded: dict[str, str | None] = {}
+    """What the image holds; the build arguments name the image itself."""
+    recorded: dict[str, str | None] = {
+        "image_tag": os.environ.get("K3_IMAGE_VERSION"),
+        "base_image": os.environ.get("BASE_IMAGE"),
+        "git_revision": os.environ.get("K3_GIT_REVISION"),
+    }
     for name in _RECORDED_DISTRIBUTIONS:
         try:
             recorded[name] = md.version(name)
