@@ -242,6 +242,13 @@ def test_unknown_option_is_a_usage_error(node):
     assert not node.started()
 
 
+def test_stray_argument_without_separator_is_a_usage_error(node):
+    result = node.run(str(node.model))
+    assert result.returncode == 2
+    assert "put vLLM arguments after `--`" in result.stderr
+    assert not node.started()
+
+
 def test_model_directory_without_config_json(node):
     (node.model / "config.json").unlink()
     result = node.run()
@@ -363,3 +370,11 @@ def test_readme_documents_every_setting_profile_and_feature():
         assert row in section, f"README's settings table lacks or misstates {row}"
     for name in (*PROFILES, *FEATURES):
         assert f"| `{name}`" in section, name
+
+
+def test_help_lists_profiles_and_features(node):
+    result = node.run("--help")
+    assert result.returncode == 0
+    for name in ("tp8", "tep16-ray", "dep16-ray", "cpu-dev", "dspark", "fp8-kv"):
+        assert f"\n  {name} " in result.stdout, name
+    assert not node.started()

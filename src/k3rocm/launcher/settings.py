@@ -232,7 +232,12 @@ def argument_parser() -> argparse.ArgumentParser:
         description="Start vLLM 0.27.1 serving Kimi-K3 on AMD MI355X/MI350X "
         "from a few settings, after checking them. Each option has a matching "
         "environment variable; the option wins.",
-        epilog="Pass more vLLM flags after `--`.",
+        epilog="profiles:\n"
+        + "".join(f"  {p.name:10} {p.summary}\n" for p in PROFILES.values())
+        + "features:\n"
+        + "".join(f"  {f.name:10} {f.meaning}\n" for f in FEATURES.values())
+        + "\nPass more vLLM flags after `--`.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     for setting in SETTINGS:
         help_text = f"{setting.meaning} [{setting.env}; default: {setting.default}]"
@@ -251,7 +256,13 @@ def raw_settings(
 ) -> tuple[dict[str, str | None], tuple[str, ...]]:
     """Each setting's text as given (option over variable; None when unset),
     and the arguments after `--`."""
-    options = argument_parser().parse_args(list(argv))
+    parser = argument_parser()
+    options = parser.parse_args(list(argv))
+    if options.passthrough and "--" not in argv:
+        parser.error(
+            f"unexpected argument(s) {' '.join(options.passthrough)}; put vLLM "
+            "arguments after `--`, and the model in K3_MODEL (--model)"
+        )
     raw: dict[str, str | None] = {}
     for setting in SETTINGS:
         given = getattr(options, setting.name)
