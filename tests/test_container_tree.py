@@ -1,0 +1,167 @@
+"""The container's process tree run for real (see container_tree.py): a real
+vLLM 0.27.1 CPU server through the launcher, the smoke test, supervisord and
+the guard; each test asserts the container-level outcome: exit code, health
+check, smoke report and logs.
+
+Fault injection: vLLM killed once (restarted) and repeatedly (exit 3), the
+smoke test failing under stop (exit 4) and warn (serving goes on), a missing
+patch marker, SIGTERM while serving (clean stop within the grace period).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+import urllib.request
+
+import pytest
+from container_tree import session_processes, start_container_tree, stop_container_tree
+
+from k3rocm.supervise import EXIT_SMOKE, EXIT_VLLM
+
+# A cold vLLM CPU server takes ~50 s here; the smoke test's stage 1 ~25 s.
+SERVER_START = 240
+
+
+def metric_value(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert match, f"{name} not on /metrics"
+    return float(match.group(1))
+
+
+def checks(report: dict, stage: str) -> dict[str, str]:
+    return {c["name"]: c["status"] for c in report["stages"][stage]["checks"]}
+
+
+@pytest.fixture
+def container(tmp_path):
+    trees = []
+
+    def start(**kwargs):
+        trees.append(start_container_tree(tmp_path, **kwargs))
+        return trees[-1]
+
+    yield start
+    for tree in trees:
+        stop_container_tree(tree)
+
+
+@pytest.mark.server
+def test_smoke_passes_then_sigterm_stops_vllm_gracefully(container):
+    tree = container()
+    ready = tree.run_dir / "ready"
+    tree.wait_for("ready mark", ready.is_file, SERVER_START)
+
+    report = tree.report
+    assert report["verdict"] == "pass", report
+    assert checks(report, "stage1") == {
+        "patch marker": "pass",
+        "kimi backend": "skip",
+        "device kernel": "pass",
+        "no device sync": "skip",
+    }
+    assert checks(report, "stage2") == {
+        "health": "pass",
+        "completion": "pass",
+        "prefill metrics": "pass",
+    }
+    assert "not ROCm" in report["stages"]["stage1"]["checks"][1]["detail"]
+    assert "k3rocm.smoke: verdict=pass policy=stop" in tree.log
+    health = tree.health()
+    assert health.returncode == 0, health.stdout
+    assert metric_value(tree.port, "k3rocm_smoke_verdict") == 1
+
+    # `docker stop`: SIGTERM to PID 1, which hands it to the wrapper only.
+    started = time.monotonic()
+    tree.process.send_signal(signal.SIGTERM)
+    assert tree.wait_exit(45) == 0
+    assert time.monotonic() - started < 30  # K3_STOP_GRACE_SECONDS
+    # vLLM shut down on its own, not by supervisord's SIGKILL.
+    assert "stopped: vllm (exit status 0)" in tree.log
+    assert "with SIGKILL" not in tree.log
+    assert session_processes(tree.process.pid) == []
+
+
+@pytest.mark.server
+def test_warn_policy_serves_with_failed_smoke_and_vllm_killed_once_restarts(
+    container,
+):
+    # The installed vLLM has no patch marker: stage 1 fails.
+    tree = container(patched=False, K3_SMOKE_ON_FAILURE="warn")
+    ready = tree.run_dir / "ready"
+    tree.wait_for("ready mark", ready.is_file, SERVER_START)
+
+    report = tree.report
+    assert report["verdict"] == "fail" and report["policy"] == "warn"
+    assert checks(report, "stage1") == {"patch marker": "fail"}
+    assert "pristine" in report["stages"]["stage1"]["checks"][0]["detail"]
+    assert checks(report, "stage2")["completion"] == "pass"
+    assert "SERVING ANYWAY" in tree.log
+    assert ready.read_text().strip() == "fail"
+    assert tree.health().returncode == 0
+    assert metric_value(tree.port, "k3rocm_smoke_verdict") == 0
+
+    first = tree.vllm_pid()
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    tree.wait_for("vLLM restart", lambda: tree.vllm_pid() not in (None, first), 60)
+    assert "vLLM died; restart 1 of 3" in tree.log
+    tree.wait_for("healthy again", lambda: tree.health().returncode == 0, 180)
+    # The dead vLLM's engine processes were reaped before the restart.
+    assert "killed what was left of the previous vLLM" in tree.log
+    with pytest.raises(ProcessLookupError):
+        os.killpg(first, 0)
+
+    tree.process.send_signal(signal.SIGTERM)
+    assert tree.wait_exit(45) == 0
+
+
+def test_missing_patch_marker_under_stop_exits_before_vllm_starts(container):
+    tree = container(patched=False)
+    assert tree.wait_exit(180) == EXIT_SMOKE
+    report = tree.report
+    assert report["verdict"] == "fail" and report["policy"] == "stop"
+    assert "stage2" not in report["stages"]
+    assert "stopping the container: smoke test failed" in tree.log
+    assert f"(exit {EXIT_SMOKE})" in tree.log
+    assert not (tree.run_dir / "ready").exists()
+    # vLLM never started: its wrapper waited for stage 1 and was stopped.
+    assert tree.vllm_pid() is None
+    assert tree.health().returncode == 1
+    assert session_processes(tree.process.pid) == []
+
+
+def test_vllm_dying_repeatedly_exits_3(container):
+    """vLLM (the real launcher and server process) is killed each time it has
+    been up past K3_VLLM_START_SECONDS, before it finishes loading."""
+    tree = container(
+        K3_VLLM_START_SECONDS="1",
+        K3_VLLM_MAX_RESTARTS="2",
+        # A vLLM still importing may not act on SIGTERM; don't wait long.
+        K3_STOP_GRACE_SECONDS="5",
+    )
+    killed: list[int] = []
+    while tree.process.poll() is None and len(killed) < 3:
+        tree.wait_for("a new vLLM", lambda: tree.vllm_pid() not in (None, *killed), 120)
+        pid = tree.vllm_pid()
+        time.sleep(2)  # past startsecs: supervisord counts it as running
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+    assert tree.wait_exit(60) == EXIT_VLLM
+    assert "vLLM died; restart 2 of 2" in tree.log
+    assert "stopping the container: vLLM died 3 times" in tree.log
+    assert session_processes(tree.process.pid) == []
+
+
+def test_vllm_failing_at_start_is_fatal_and_exits_3(container):
+    """Settings the launcher refuses make vLLM die at once on every try:
+    supervisord gives up (FATAL) and so does the container."""
+    tree = container(K3_PROFILE="no-such-profile", K3_VLLM_MAX_RESTARTS="1")
+    assert tree.wait_exit(120) == EXIT_VLLM
+    assert "serve-kimi-k3: error" in tree.log
+    assert "gave up: vllm entered FATAL state" in tree.log
+    assert "stopping the container: vLLM failed to start" in tree.log
