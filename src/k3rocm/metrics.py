@@ -48,6 +48,7 @@ import time
 from functools import cache
 from pathlib import Path
 
+import vllm
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from vllm.config import VllmConfig
@@ -65,8 +66,8 @@ from k3rocm.series import Series, SeriesError, default_series_dir
 
 log = logging.getLogger(__name__)
 
-# From a 1 ms decode step on a small batch to a minute-long prefill of a
-# 1M-token context.
+# From a 1 ms decode step on a small batch to prefill steps of many seconds
+# (a large token budget deep into a long context, or a stalled device).
 STEP_DURATION_BUCKETS = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
     0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0,
@@ -122,8 +123,6 @@ def rocm_version(version_file: Path = ROCM_VERSION_FILE) -> str:
 
 
 def build_info_labels() -> dict[str, str]:
-    import vllm
-
     return {
         "vllm_version": vllm.__version__,
         "patch_series": patch_series_label(),
