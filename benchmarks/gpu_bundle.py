@@ -1,0 +1,54 @@
+"""Gather what the GPU harness runs on the lent machine into .gpu/ (ignored
+by git, carried to the device): the vLLM 0.27.1 kernel files as the series
+patched them, the same files unpatched, and upstream's metadata kernel from
+the vLLM 0.28.0 wheel (for comparison only; never committed).
+
+    .venv/bin/python benchmarks/gpu_bundle.py
+"""
+
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from vllm_trees import UPSTREAM_TREE, installed_root, patched_tree  # noqa: E402
+
+BUNDLE = REPO / ".gpu"
+KERNEL_FILES = [
+    "vllm/utils/math_utils.py",
+    *(
+        f"vllm/third_party/flash_linear_attention/ops/{name}.py"
+        for name in ("utils", "op", "index", "l2norm", "cumsum", "chunk_delta_h")
+    ),
+    *(
+        f"vllm/models/kimi_k3/amd/ops/third_party/kda/{name}.py"
+        for name in (
+            "__init__",
+            "chunk",
+            "chunk_intra",
+            "chunk_intra_token_parallel",
+            "fused_recurrent",
+        )
+    ),
+]
+SERIES_MODULE = "vllm/models/kimi_k3/amd/kda_metadata.py"
+
+
+def copy(src_root: Path, dest_root: Path, files: list[str]) -> None:
+    for rel in files:
+        (dest_root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src_root / rel, dest_root / rel)
+
+
+def main() -> None:
+    shutil.rmtree(BUNDLE, ignore_errors=True)
+    copy(patched_tree(), BUNDLE / "patched", [*KERNEL_FILES, SERIES_MODULE])
+    copy(installed_root(), BUNDLE / "pristine", KERNEL_FILES)
+    copy(UPSTREAM_TREE, BUNDLE / "upstream", [SERIES_MODULE])
+    print(f"bundle in {BUNDLE}")
+
+
+if __name__ == "__main__":
+    main()
