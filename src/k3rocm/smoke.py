@@ -158,10 +158,9 @@ def _now() -> str:
 # ---------------------------------------------------------------- stage 1
 
 
-def check_patch_marker(stage: Stage, series: Series) -> bool:
-    """The vLLM this interpreter imports carries exactly this series."""
+def check_patch_marker(stage: Stage, series: Series, target: Path) -> bool:
+    """The vLLM tree in ``target`` carries exactly this series."""
     try:
-        target = patchset.find_installed_target()
         state = patchset.inspect(target, series)
     except patchset.Refusal as err:
         return stage.add("patch marker", "fail", str(err))
@@ -326,7 +325,8 @@ def check_no_sync(stage: Stage, device: str | None) -> bool:
 
 
 def run_stage1(stage: Stage, series: Series) -> None:
-    if not check_patch_marker(stage, series):
+    # The vLLM this interpreter imports, as vLLM itself will.
+    if not check_patch_marker(stage, series, patchset.find_installed_target()):
         return  # without the series, the other checks have nothing to check
     check_kimi_backend(stage)
     device = kernel_device()
