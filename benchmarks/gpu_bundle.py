@@ -40,6 +40,9 @@ def copy(src_root: Path, dest_root: Path, files: list[str]) -> None:
     for rel in files:
         (dest_root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src_root / rel, dest_root / rel)
+    # An empty package root of our own, so an installed vLLM elsewhere on
+    # sys.path cannot shadow the bundle (vLLM's own __init__ imports too much).
+    (dest_root / "vllm" / "__init__.py").write_text("")
 
 
 def main() -> None:
