@@ -75,12 +75,15 @@ def median_us(samples):
     return statistics.median(samples) * 1e6
 
 
-def host_time(fn, seq_lens, reps=300):
-    """Wall time on the host of one metadata step, queue empty before each."""
+def host_time(fn, seq_lens, reps=300, queued_cycles=0):
+    """Wall time on the host of one metadata step, issued with the GPU queue
+    empty, or behind `queued_cycles` of torch.cuda._sleep."""
     samples = []
     for _ in range(reps):
         dev, host = cu_seqlens(seq_lens)  # fresh: defeats FLA's tensor_cache
         torch.cuda.synchronize()
+        if queued_cycles:
+            torch.cuda._sleep(queued_cycles)
         start = time.perf_counter()
         fn(dev, host)
         samples.append(time.perf_counter() - start)
@@ -135,20 +138,6 @@ def queued_ms(cycles):
     end.record()
     end.synchronize()
     return start.elapsed_time(end)
-
-
-def blocked_host_time(fn, seq_lens, cycles, reps=40):
-    """Host time of a metadata step issued behind ~5 ms of queued GPU work."""
-    samples = []
-    for _ in range(reps):
-        dev, host = cu_seqlens(seq_lens)
-        torch.cuda.synchronize()
-        torch.cuda._sleep(cycles)
-        start = time.perf_counter()
-        fn(dev, host)
-        samples.append(time.perf_counter() - start)
-        torch.cuda.synchronize()
-    return median_us(samples)
 
 
 def pipelined_steps(seq_lens, patched, layers=8, steps=12):
@@ -210,7 +199,7 @@ def main():
     cycles = sleep_cycles_for(5.0)
     report["blocked_behind_5ms"] = {
         name: {
-            path: blocked_host_time(PATHS[path], seq_lens, cycles)
+            path: host_time(PATHS[path], seq_lens, reps=40, queued_cycles=cycles)
             for path in ("legacy", "ours")
         }
         for name, seq_lens in (
