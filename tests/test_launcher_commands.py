@@ -49,9 +49,9 @@ RECIPE_ARGS = {
     "gpu_memory_utilization": 0.95,
     "max_num_batched_tokens": 4096,
     "max_num_seqs": 128,
-    # The metrics plugin's flags.
+    # The metrics plugin's flag; --disable-log-stats depends on the layout
+    # (each variant's `disable_log_stats`).
     "enable_logging_iteration_details": True,
-    "disable_log_stats": True,
 }
 FEATURE_ARGS = {
     "reasoning": {"reasoning_parser": "kimi_k3"},
@@ -83,7 +83,13 @@ class Variant:
 SINGLE = {"nnodes": 1, "node_rank": 0, "headless": False}
 
 
-def _native(profile: str, rank: int, layout: dict[str, object]) -> Variant:
+# `disable_log_stats`: vLLM 0.27.1 keeps the metrics plugin's feed and its
+# `vllm:` scheduler metrics with --disable-log-stats only when `vllm serve`
+# runs exactly one API server itself: not with data parallelism (several API
+# servers by default) and not on headless nodes.
+def _native(
+    profile: str, rank: int, layout: dict[str, object], disable_log_stats: bool
+) -> Variant:
     return Variant(
         f"{profile}-rank{rank}",
         {
@@ -100,6 +106,7 @@ def _native(profile: str, rank: int, layout: dict[str, object]) -> Variant:
             "headless": rank > 0,
             "distributed_executor_backend": None,
             "data_parallel_backend": "mp",
+            "disable_log_stats": disable_log_stats,
         },
     )
 
@@ -124,6 +131,7 @@ VARIANTS = (
             "data_parallel_size": 1,
             "enable_expert_parallel": False,
             "distributed_executor_backend": None,
+            "disable_log_stats": True,
         },
     ),
     Variant(
@@ -135,16 +143,22 @@ VARIANTS = (
             "data_parallel_size": 1,
             "enable_expert_parallel": True,
             "distributed_executor_backend": None,
+            "disable_log_stats": True,
         },
     ),
-    _native("tep16", 0, TEP16),
-    _native("tep16", 1, TEP16),
-    _native("dep16", 0, DEP16),
-    _native("dep16", 1, DEP16),
+    _native("tep16", 0, TEP16, disable_log_stats=True),
+    _native("tep16", 1, TEP16, disable_log_stats=False),
+    _native("dep16", 0, DEP16, disable_log_stats=False),
+    _native("dep16", 1, DEP16, disable_log_stats=False),
     Variant(
         "tep16-ray",
         {"K3_PROFILE": "tep16-ray"},
-        {**SINGLE, **TEP16, "distributed_executor_backend": "ray"},
+        {
+            **SINGLE,
+            **TEP16,
+            "distributed_executor_backend": "ray",
+            "disable_log_stats": True,
+        },
     ),
     Variant(
         "dep16-ray",
@@ -155,6 +169,7 @@ VARIANTS = (
             "data_parallel_backend": "ray",
             "data_parallel_size_local": 8,
             "distributed_executor_backend": None,
+            "disable_log_stats": False,
         },
     ),
 )
@@ -492,10 +507,44 @@ def test_two_node_commands_agree(vllm_parsers, capsys, profile):
     assert (rank0["node_rank"], rank1["node_rank"]) == (0, 1)
     # Node 0 serves the API; node 1 runs only engines or workers.
     assert (rank0["headless"], rank1["headless"]) == (False, True)
-    # Everything else, the model and the recipe included, is the same.
+    # Everything else, the model and the recipe included, is the same, but
+    # for --disable-log-stats, which only tep16's node 0 (one API server) has.
     differing = {key for key in rank0 if rank0[key] != rank1[key]}
-    assert differing == {"node_rank", "headless"}
+    if profile == "tep16":
+        assert differing == {"node_rank", "headless", "disable_log_stats"}
+        assert (rank0["disable_log_stats"], rank1["disable_log_stats"]) == (
+            True,
+            False,
+        )
+    else:
+        assert differing == {"node_rank", "headless"}
+        assert not rank0["disable_log_stats"] and not rank1["disable_log_stats"]
     assert env0 == env1 == AMD_ENV
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "disable_log_stats"),
+    [
+        ("--api-server-count 2", False),
+        ("--api-server-count=4", False),
+        ("-asc 2", False),
+        ("--api-server-count 1", True),
+        ("--api-server-count 4 --api-server-count 1", True),  # the last wins
+        ("--api-server-count 1 --api-server-count=2", False),
+        ("--enable-prefix-caching", True),
+    ],
+)
+def test_api_server_count_in_extra_args_decides_disable_log_stats(
+    vllm_parsers, capsys, extra_args, disable_log_stats
+):
+    # With several API servers vLLM 0.27.1 would take --disable-log-stats
+    # literally and the metrics plugin would get no feed.
+    for profile in ("tp8", "cpu-dev"):
+        env = {"K3_PROFILE": profile, "K3_EXTRA_ARGS": extra_args}
+        argv, _ = replay(dry_run(capsys, env))
+        args = vars(parse_with_vllm(vllm_parsers, argv, capsys))
+        assert args["enable_logging_iteration_details"], (profile, extra_args)
+        assert args["disable_log_stats"] is disable_log_stats, (profile, extra_args)
 
 
 def test_dspark_config_is_json_vllm_reads_back(vllm_parsers, capsys):

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from k3rocm.contract import VLLM_METRICS_ARGS
+from k3rocm.contract import vllm_metrics_args
 from k3rocm.launcher.profiles import (
     AMD_ARGS,
     AMD_ENV,
@@ -64,11 +64,49 @@ def build_launch(
         lines.append(("--max-model-len", str(settings.max_model_len)))
     for name in settings.features:
         lines += FEATURES[name].args
-    lines += [(flag,) for flag in VLLM_METRICS_ARGS]
+    metrics_args = vllm_metrics_args(single_api_server=_single_api_server(settings))
+    lines += [(flag,) for flag in metrics_args]
     lines += _flag_lines(settings.extra_args)
     if api_key is not None:
         env.append((API_KEY_ENV, api_key))
     return Launch(tuple(lines), tuple(env))
+
+
+# vLLM 0.27.1 spellings of --api-server-count (it also reads _ for -).
+API_SERVER_COUNT_FLAGS = ("--api-server-count", "--api_server_count", "-asc")
+
+
+def _single_api_server(settings: LaunchSettings) -> bool:
+    """Whether `vllm serve` runs exactly one API server in its own process,
+    the only layout where --disable-log-stats keeps the metrics feed on.
+
+    Not on headless nodes (no API server), not with data parallelism (vLLM
+    defaults --api-server-count to the data-parallel size, and its engines
+    run apart from the API server even with one), and not when the extra
+    arguments set --api-server-count to anything but 1 (0 means headless).
+    A count we cannot read counts as several: dropping --disable-log-stats
+    wrongly only costs log lines, keeping it wrongly costs the metrics."""
+    profile = settings.profile
+    if profile.data_parallel > 1:
+        return False
+    if profile.multi_node is MultiNode.NATIVE and settings.node_rank:
+        return False
+    count = _api_server_count(settings.extra_args)
+    return count is None or (count.isascii() and count.isdigit() and int(count) == 1)
+
+
+def _api_server_count(args: tuple[str, ...]) -> str | None:
+    """The last --api-server-count value in args (argparse keeps the last)."""
+    count = None
+    for index, arg in enumerate(args):
+        flag, has_value, value = arg.partition("=")
+        if flag not in API_SERVER_COUNT_FLAGS:
+            continue
+        if has_value:
+            count = value
+        else:
+            count = args[index + 1] if index + 1 < len(args) else ""
+    return None if count is None else count.strip()
 
 
 def _flag_lines(args: tuple[str, ...]) -> list[tuple[str, ...]]:
