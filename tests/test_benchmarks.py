@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vllm_trees import REPO
+from vllm_trees import REPO, UPSTREAM_TREE, patched_tree
 
 BENCHMARKS = REPO / "benchmarks"
 
@@ -15,9 +15,15 @@ def test_bundle_holds_patched_pristine_and_upstream_kernels():
         [sys.executable, str(BENCHMARKS / "gpu_bundle.py")], check=True, cwd=REPO
     )
     series_module = Path("vllm/models/kimi_k3/amd/kda_metadata.py")
-    patched = (REPO / ".gpu/patched" / series_module).read_text()
-    upstream = (REPO / ".gpu/upstream" / series_module).read_text()
-    assert "_CHUNK_TILES" in patched and "_CHUNK_TILES" not in upstream
+    bundled = {
+        tree: REPO / ".gpu" / tree / series_module for tree in ("patched", "upstream")
+    }
+    assert (
+        bundled["patched"].read_bytes() == (patched_tree() / series_module).read_bytes()
+    )
+    assert (
+        bundled["upstream"].read_bytes() == (UPSTREAM_TREE / series_module).read_bytes()
+    )
     assert not (REPO / ".gpu/pristine" / series_module).exists()
 
 
