@@ -124,15 +124,20 @@ def build_step(step: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_patch_step_applies_the_series_and_finish_records_it(tmp_path, rocm_root):
-    tree = copy_tree(installed_root(), tmp_path / "site")
-    env = {
-        # The copy is the vLLM this interpreter finds, as the base image's is.
+def patch_step_env(tree: Path, rocm_root: Path) -> dict[str, str]:
+    """The patch step's environment, with the copy ``tree`` as the vLLM this
+    interpreter finds, as the base image's is."""
+    return {
         "PYTHONPATH": str(tree),
         "K3_ROCM_ROOT": str(rocm_root),
         "ROCM_VERSION": ROCM_VERSION,
         "K3_SERIES_ID": SERIES.series_id,
     }
+
+
+def test_patch_step_applies_the_series_and_finish_records_it(tmp_path, rocm_root):
+    tree = copy_tree(installed_root(), tmp_path / "site")
+    env = patch_step_env(tree, rocm_root)
     patched = build_step("patch", **env)
     assert patched.returncode == 0, patched.stderr
     assert f"applied: series {SERIES.series_id}" in patched.stdout
@@ -170,12 +175,7 @@ def test_patch_step_fails_the_build_on_a_drifted_base(tmp_path, rocm_root):
     tree = copy_tree(installed_root(), tmp_path / "site")
     drifted = tree / "vllm" / "v1" / "attention" / "backends" / "gdn_attn.py"
     drifted.write_text(drifted.read_text() + "\n# drift\n")
-    env = {
-        "PYTHONPATH": str(tree),
-        "K3_ROCM_ROOT": str(rocm_root),
-        "ROCM_VERSION": ROCM_VERSION,
-        "K3_SERIES_ID": SERIES.series_id,
-    }
+    env = patch_step_env(tree, rocm_root)
     result = build_step("patch", **env)
     assert result.returncode != 0
     assert "has drifted" in result.stderr
