@@ -3,14 +3,15 @@
 import os
 from pathlib import Path
 
-# Where the smoke test writes its JSON report; the metrics plugin reads it
-# for the verdict gauge, the container health check for readiness.
+# Where the smoke test writes its JSON report (default: in the runtime
+# directory below); the metrics plugin reads it for the verdict gauge, the
+# container health check for readiness.
 SMOKE_REPORT_ENV = "K3_SMOKE_REPORT"
-DEFAULT_SMOKE_REPORT = Path("/run/k3rocm/smoke-report.json")
+SMOKE_REPORT_NAME = "smoke-report.json"
 
 
 def smoke_report_path() -> Path:
-    return Path(os.environ.get(SMOKE_REPORT_ENV, DEFAULT_SMOKE_REPORT))
+    return Path(os.environ.get(SMOKE_REPORT_ENV, run_dir() / SMOKE_REPORT_NAME))
 
 
 # vLLM flags the step-latency metrics plugin (k3rocm.metrics) needs, for a

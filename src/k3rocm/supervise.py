@@ -30,6 +30,7 @@ from k3rocm.contract import (
     READY_MARK,
     RUN_DIR_ENV,
     SMOKE_REPORT_ENV,
+    SMOKE_REPORT_NAME,
     STAGE1_GATE,
     run_dir,
 )
@@ -50,7 +51,7 @@ REASON_FILE = "exit-reason.json"
 # The process group of the running vLLM, for reaping after a crash.
 VLLM_GROUP_FILE = "vllm.pgid"
 # What a previous start may have left behind; none of it holds for this one.
-_STALE = (READY_MARK, STAGE1_GATE, REASON_FILE, VLLM_GROUP_FILE, "smoke-report.json")
+_STALE = (READY_MARK, STAGE1_GATE, REASON_FILE, VLLM_GROUP_FILE, SMOKE_REPORT_NAME)
 
 
 def _log(message: str) -> None:
@@ -62,7 +63,7 @@ def run() -> int:
         os.environ.setdefault(name, value)
     os.environ.setdefault("K3_PYTHON", sys.executable)
     directory = run_dir()
-    os.environ.setdefault(SMOKE_REPORT_ENV, str(directory / "smoke-report.json"))
+    os.environ.setdefault(SMOKE_REPORT_ENV, str(directory / SMOKE_REPORT_NAME))
     directory.mkdir(parents=True, exist_ok=True)
     for name in _STALE:
         (directory / name).unlink(missing_ok=True)
