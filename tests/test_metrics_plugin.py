@@ -69,10 +69,10 @@ def test_verdict_collector_reads_the_report_on_every_scrape(tmp_path):
 
 
 def test_rocm_version(tmp_path):
-    version_file = tmp_path / "version"
-    assert metrics.rocm_version(version_file) == "unknown"
-    version_file.write_text("7.2.0-43\n")
-    assert metrics.rocm_version(version_file) == "7.2.0-43"
+    assert metrics.rocm_version(tmp_path) == "unknown"
+    (tmp_path / ".info").mkdir()
+    (tmp_path / ".info" / "version").write_text("7.2.0-43\n")
+    assert metrics.rocm_version(tmp_path) == "7.2.0-43"
 
 
 def test_patch_series_of_the_patched_tree():

@@ -61,6 +61,7 @@ from vllm.v1.metrics.stats import (
 )
 
 from k3rocm.contract import IMAGE_TAG_ENV, smoke_report_path
+from k3rocm.image import DEFAULT_ROCM_ROOT, BuildStepError, read_rocm_version
 from k3rocm.patchset import Refusal, find_installed_target, inspect
 from k3rocm.series import Series, SeriesError, default_series_dir
 
@@ -81,7 +82,6 @@ _VERDICTS = {"pass": VERDICT_PASS, "fail": VERDICT_FAIL}
 # interval worth using).
 VERDICT_REFRESH_SECONDS = 5.0
 
-ROCM_VERSION_FILE = Path("/opt/rocm/.info/version")
 UNKNOWN = "unknown"
 
 
@@ -115,10 +115,11 @@ def patch_series_label() -> str:
     return "none" if state.state == "pristine" else state.state
 
 
-def rocm_version(version_file: Path = ROCM_VERSION_FILE) -> str:
+def rocm_version(rocm_root: Path = DEFAULT_ROCM_ROOT) -> str:
+    """The ROCm version, as the image build read it, or "unknown"."""
     try:
-        return version_file.read_text().strip() or UNKNOWN
-    except OSError:
+        return read_rocm_version(rocm_root) or UNKNOWN
+    except BuildStepError:
         return UNKNOWN
 
 
