@@ -170,9 +170,9 @@ def pipelined_steps(seq_lens, patched, layers=8, steps=12):
         step(dev, host)
     torch.cuda.synchronize()
     wall = (time.perf_counter() - start) / steps
+    # GPU-clock gap from the end of step n's last layer to the start of step
+    # n+1's first: time the GPU had no layer work.
     gaps = [events[i][1].elapsed_time(events[i + 1][0]) for i in range(steps - 1)]
-    # Gap from end of step n's kernels to the start of step n+1's first layer,
-    # minus nothing: any positive gap is time the GPU had no layer work.
     return wall * 1e3, statistics.median(gaps) * 1e3
 
 

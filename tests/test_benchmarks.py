@@ -5,30 +5,33 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from vllm_trees import REPO, UPSTREAM_TREE, patched_tree
 
 BENCHMARKS = REPO / "benchmarks"
 
 
-def test_bundle_holds_patched_pristine_and_upstream_kernels():
+@pytest.fixture(scope="module")
+def bundle():
     subprocess.run(
         [sys.executable, str(BENCHMARKS / "gpu_bundle.py")], check=True, cwd=REPO
     )
+    return REPO / ".gpu"
+
+
+def test_bundle_holds_patched_pristine_and_upstream_kernels(bundle):
     series_module = Path("vllm/models/kimi_k3/amd/kda_metadata.py")
-    bundled = {
-        tree: REPO / ".gpu" / tree / series_module for tree in ("patched", "upstream")
-    }
-    assert (
-        bundled["patched"].read_bytes() == (patched_tree() / series_module).read_bytes()
-    )
-    assert (
-        bundled["upstream"].read_bytes() == (UPSTREAM_TREE / series_module).read_bytes()
-    )
-    assert not (REPO / ".gpu/pristine" / series_module).exists()
+    patched, upstream = bundle / "patched", bundle / "upstream"
+    assert (patched / series_module).read_bytes() == (
+        patched_tree() / series_module
+    ).read_bytes()
+    assert (upstream / series_module).read_bytes() == (
+        UPSTREAM_TREE / series_module
+    ).read_bytes()
+    assert not (bundle / "pristine" / series_module).exists()
 
 
-def test_gpu_scripts_import_against_the_bundle():
-    test_bundle_holds_patched_pristine_and_upstream_kernels()
+def test_gpu_scripts_import_against_the_bundle(bundle):
     for script in ("gpu_check", "gpu_bench"):
         result = subprocess.run(
             [sys.executable, "-c", f"import {script}"],

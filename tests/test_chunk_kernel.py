@@ -92,11 +92,15 @@ def test_edge_case(seq_lens):
     assert_matches_reference(seq_lens)
 
 
-@pytest.mark.parametrize("num_seqs", [1, 127, 128, 129, 2000])
-def test_sequence_counts_around_tile_boundaries(num_seqs):
+# Up to 256 tokens the kernel takes 64-sequence tiles, beyond it 2-sequence
+# tiles; its prefix load widens past 128 sequences.
+@pytest.mark.parametrize("longest", [256, 300])
+@pytest.mark.parametrize("num_seqs", [1, 63, 64, 65, 127, 128, 129, 2000])
+def test_sequence_counts_around_tile_boundaries(num_seqs, longest):
     generator = torch.Generator().manual_seed(num_seqs)
-    seq_lens = torch.randint(0, 300, (num_seqs,), generator=generator).tolist()
-    assert_matches_reference(seq_lens)
+    seq_lens = torch.randint(0, longest + 1, (num_seqs,), generator=generator)
+    seq_lens[0] = longest  # the longest sequence picks the tile shape
+    assert_matches_reference(seq_lens.tolist())
 
 
 def test_single_1m_token_prompt():

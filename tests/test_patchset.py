@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,11 +156,9 @@ def test_corrupted_last_patch_leaves_tree_unchanged(pristine, tmp_path):
     series = tmp_path / "series"
     shutil.copytree(SERIES.directory, series)
     last = series / SERIES.patches[-1].name
-    last.write_text(
-        last.read_text().replace(
-            "         m = attn_metadata_narrowed", "         m = corrupted_line"
-        )
-    )
+    context = "         m = attn_metadata_narrowed"  # a context line of the patch
+    assert last.read_text().count(context) == 1
+    last.write_text(last.read_text().replace(context, "         m = corrupted_line"))
     assert_refused(
         pristine,
         "apply",
@@ -182,8 +181,6 @@ def test_read_only_tree_is_restored_after_a_failed_write(pristine):
         f'mount -o remount,bind,ro "{read_only}" && '
         f'exec "$0" -m k3rocm.patchset apply --target "{pristine}"'
     )
-    import sys
-
     result = subprocess.run(
         ["unshare", "--map-root-user", "--mount", "sh", "-c", script, sys.executable],
         capture_output=True,
