@@ -4,7 +4,9 @@
 
 DIR holds the ``vllm/`` package (site-packages or a source tree); without
 ``--target`` the installed vLLM is used. ``apply`` is all or nothing and
-idempotent. Exit codes: 0 done (or already applied), 1 refused or failed
+idempotent. Runs on one tree take turns (a lock file in DIR), and each first
+finishes an apply that a crash interrupted (see ``k3rocm.patch_journal``).
+Exit codes: 0 done (or already applied), 1 refused or failed
 (the message says why and what to do), 2 usage error, 3 the tree already
 contains the upstream change (nothing to apply).
 """
@@ -22,9 +24,11 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
+from k3rocm.patch_journal import locked_and_recovered, pending_journal, write_files
+from k3rocm.patch_lock import Refusal
+from k3rocm.patch_marker import build_marker, read_marker
 from k3rocm.series import MARKER_NAME, Series, SeriesError, default_series_dir
 
 EXIT_OK, EXIT_REFUSED, EXIT_UPSTREAM = 0, 1, 3
@@ -32,10 +36,7 @@ _VERSION_RE = re.compile(
     r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M
 )
 _DIST_RE = re.compile(r"^vllm(?:[-_]cpu|[-_]rocm)?-([^-]+)\.dist-info$")
-
-
-class Refusal(Exception):
-    """The tree is not one the series may touch; nothing was changed."""
+DEFAULT_LOCK_TIMEOUT = 60.0
 
 
 class AlreadyUpstream(Exception):
@@ -50,6 +51,7 @@ class TreeState:
     series_id: str
     marker: dict | None = None
     changed: bool = False  # this run wrote to the tree
+    recovered: str | None = None  # what this run did about an interrupted apply
 
 
 def _sha256(path: Path) -> str:
@@ -88,23 +90,16 @@ def read_vllm_version(target: Path) -> str:
     )
 
 
-def read_marker(target: Path) -> dict | None:
-    path = target / "vllm" / MARKER_NAME
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise Refusal(
-            f"patch marker {path} is unreadable ({err}); reinstall vLLM "
-            f"and apply the series again"
-        ) from None
-
-
 def inspect(target: Path, series: Series) -> TreeState:
     """Classify a tree, refusing anything the series must not touch."""
-    if not (target / "vllm" / "__init__.py").is_file():
-        raise Refusal(f"{target} holds no vllm/ package (no vllm/__init__.py)")
+    _require_vllm_package(target)
+    journal = pending_journal(target)
+    if journal is not None:
+        raise Refusal(
+            f"an apply to {target} was interrupted and its journal {journal} is "
+            "still there; run `python -m k3rocm.patchset apply --target "
+            f"{target}` as a user that may write the tree to finish it."
+        )
     version = read_vllm_version(target)
     marker = read_marker(target)
     state = TreeState(str(target), version, "pristine", series.series_id, marker)
@@ -138,6 +133,18 @@ def inspect(target: Path, series: Series) -> TreeState:
     return state
 
 
+def _require_vllm_package(target: Path) -> None:
+    if not (target / "vllm" / "__init__.py").is_file():
+        raise Refusal(f"{target} holds no vllm/ package (no vllm/__init__.py)")
+
+
+def _session(target: Path, must_write: bool, lock_timeout: float, on_wait):
+    """The tree's lock, taken only once the target is known to be a vLLM tree
+    (no lock file is left in a directory that is not one)."""
+    _require_vllm_package(target)
+    return locked_and_recovered(target, must_write, lock_timeout, on_wait)
+
+
 def _require_files_match(
     target: Path, series: Series, expected: dict[str, str], kind: str
 ) -> None:
@@ -161,14 +168,24 @@ def _stage(target: Path, series: Series, staging: Path) -> dict[str, bytes]:
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(target / rel, staging / rel)
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(staging.parent)}
+    git = shutil.which("git")
     for patch in series.patches:
-        result = subprocess.run(
-            ["git", "apply", "--whitespace=nowarn", str(patch)],
-            cwd=staging,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
+        try:
+            if git is None:
+                raise FileNotFoundError("git")
+            result = subprocess.run(
+                [git, "apply", "--whitespace=nowarn", str(patch)],
+                cwd=staging,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+        except OSError as err:
+            raise Refusal(
+                f"cannot run git ({err}): the patch tool stages the series "
+                "with `git apply`. Install git (e.g. `apt-get install git`) or "
+                "put it on PATH, and run again. Nothing was changed."
+            ) from None
         if result.returncode != 0:
             raise Refusal(
                 f"patch {patch.name} does not apply to {target}: "
@@ -178,73 +195,58 @@ def _stage(target: Path, series: Series, staging: Path) -> dict[str, bytes]:
     return {rel: (staging / rel).read_bytes() for rel in series.touched_files}
 
 
-def _commit(target: Path, new_files: dict[str, bytes]) -> None:
-    """Write every file or none: on any error restore what was there."""
-    originals: dict[Path, bytes | None] = {}
-    try:
-        for rel, content in new_files.items():
-            path = target / rel
-            originals[path] = path.read_bytes() if path.exists() else None
-            tmp = path.with_name(path.name + ".k3rocm-tmp")
-            tmp.write_bytes(content)
-            if originals[path] is not None:
-                shutil.copymode(path, tmp)
-            os.replace(tmp, path)
-    except OSError as err:
-        _restore(originals)
-        raise Refusal(
-            f"cannot write to {target} ({err}); nothing was changed. Run as a "
-            "user that may write the vLLM install."
-        ) from None
-
-
-def _restore(originals: dict[Path, bytes | None]) -> None:
-    """Put back each file as it was; a leftover temp file is removed."""
-    for path, content in originals.items():
-        tmp = path.with_name(path.name + ".k3rocm-tmp")
-        if tmp.exists():
-            tmp.unlink()
-        if content is None:
-            if path.exists():
-                path.unlink()
-        elif path.read_bytes() != content:
-            path.write_bytes(content)
-
-
-def apply(target: Path, series: Series) -> TreeState:
-    state = inspect(target, series)
-    if state.state == "applied":
-        return state
-    if state.state == "upstream":
-        raise AlreadyUpstream(_upstream_message(state, series))
-    with tempfile.TemporaryDirectory(prefix="k3rocm-stage-") as tmp:
-        new_files = _stage(target, series, Path(tmp))
-    marker = {
-        "series_id": series.series_id,
-        "series_revision": series.revision,
-        "series_sha256": series.sha256,
-        "vllm_version": state.vllm_version,
-        "patches": [p.name for p in series.patches],
-        "patched_files": {
-            rel: hashlib.sha256(content).hexdigest()
-            for rel, content in new_files.items()
-        },
-        "applied_at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-    new_files[f"vllm/{MARKER_NAME}"] = (json.dumps(marker, indent=2) + "\n").encode()
-    _commit(target, new_files)
+def apply(
+    target: Path,
+    series: Series,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    on_wait=None,
+) -> TreeState:
+    with _session(target, True, lock_timeout, on_wait) as recovered:
+        state = inspect(target, series)
+        state.recovered = recovered
+        state.changed = recovered == "finished an interrupted apply"
+        if state.state == "applied":
+            return state
+        if state.state == "upstream":
+            raise AlreadyUpstream(_upstream_message(state, series))
+        with tempfile.TemporaryDirectory(prefix="k3rocm-stage-") as tmp:
+            new_files = _stage(target, series, Path(tmp))
+        marker = build_marker(series, state.vllm_version, new_files)
+        marker_bytes = (json.dumps(marker, indent=2) + "\n").encode()
+        new_files[f"vllm/{MARKER_NAME}"] = marker_bytes  # last: it vouches for all
+        write_files(target, new_files)
     state.state, state.marker, state.changed = "applied", marker, True
     return state
 
 
-def check(target: Path, series: Series) -> TreeState:
-    """Everything ``apply`` verifies, without writing to the tree."""
-    state = inspect(target, series)
-    if state.state == "upstream":
-        raise AlreadyUpstream(_upstream_message(state, series))
-    if state.state == "pristine":
-        with tempfile.TemporaryDirectory(prefix="k3rocm-stage-") as tmp:
-            _stage(target, series, Path(tmp))
+def check(
+    target: Path,
+    series: Series,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    on_wait=None,
+) -> TreeState:
+    """Everything ``apply`` verifies; writes only to finish a crashed apply."""
+    with _session(target, False, lock_timeout, on_wait) as recovered:
+        state = inspect(target, series)
+        state.recovered = recovered
+        if state.state == "upstream":
+            raise AlreadyUpstream(_upstream_message(state, series))
+        if state.state == "pristine":
+            with tempfile.TemporaryDirectory(prefix="k3rocm-stage-") as tmp:
+                _stage(target, series, Path(tmp))
+    return state
+
+
+def status(
+    target: Path,
+    series: Series,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    on_wait=None,
+) -> TreeState:
+    """``inspect`` under the lock, after finishing an interrupted apply."""
+    with _session(target, False, lock_timeout, on_wait) as recovered:
+        state = inspect(target, series)
+    state.recovered = recovered
     return state
 
 
@@ -257,29 +259,23 @@ def _upstream_message(state: TreeState, series: Series) -> str:
     )
 
 
-_MESSAGES = {
-    ("apply", "done"): "applied series {series_id} to vLLM {vllm_version} in {target}",
-    (
-        "apply",
-        "applied",
-    ): "already applied: series {series_id} on vLLM {vllm_version} in {target}",
-    (
-        "check",
-        "pristine",
-    ): "series {series_id} applies cleanly to vLLM {vllm_version} in {target}",
-    (
-        "check",
-        "applied",
-    ): "already applied: series {series_id} on vLLM {vllm_version} in {target}",
-    ("status", "pristine"): "not applied: vLLM {vllm_version} in {target} is pristine",
-    (
-        "status",
-        "applied",
-    ): "applied: series {series_id} on vLLM {vllm_version} in {target}",
-    (
-        "status",
-        "upstream",
-    ): "upstream: vLLM {vllm_version} in {target} already has the change",
+_MESSAGES = {  # command -> outcome -> message
+    "apply": {
+        "done": "applied series {series_id} to vLLM {vllm_version} in {target}",
+        "applied": "already applied: series {series_id} on vLLM {vllm_version} "
+        "in {target}",
+    },
+    "check": {
+        "pristine": "series {series_id} applies cleanly to vLLM {vllm_version} "
+        "in {target}",
+        "applied": "already applied: series {series_id} on vLLM {vllm_version} "
+        "in {target}",
+    },
+    "status": {
+        "pristine": "not applied: vLLM {vllm_version} in {target} is pristine",
+        "applied": "applied: series {series_id} on vLLM {vllm_version} in {target}",
+        "upstream": "upstream: vLLM {vllm_version} in {target} already has the change",
+    },
 }
 
 
@@ -299,13 +295,27 @@ def main(argv: list[str] | None = None) -> int:
         help="series directory (default: the one shipped with k3rocm)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=DEFAULT_LOCK_TIMEOUT,
+        metavar="SECONDS",
+        help="how long to wait for another run on the same tree (default: 60)",
+    )
     args = parser.parse_args(argv)
+
+    def say_waiting(lock: Path) -> None:
+        print(
+            f"k3rocm.patchset: waiting for another run on this tree ({lock})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     try:
         series = Series(args.series or default_series_dir())
         target = (args.target or find_installed_target()).resolve()
-        action = {"check": check, "apply": apply, "status": inspect}[args.command]
-        state = action(target, series)
+        action = {"check": check, "apply": apply, "status": status}[args.command]
+        state = action(target, series, args.lock_timeout, say_waiting)
     except AlreadyUpstream as err:
         return _report(
             args, {"ok": False, "state": "upstream", "message": str(err)}, EXIT_UPSTREAM
@@ -314,8 +324,15 @@ def main(argv: list[str] | None = None) -> int:
         return _report(
             args, {"ok": False, "state": "refused", "message": str(err)}, EXIT_REFUSED
         )
+    except OSError as err:  # an unreadable file anywhere: say which, no traceback
+        message = f"cannot read or write {err.filename or 'the tree'} ({err})"
+        return _report(
+            args, {"ok": False, "state": "refused", "message": message}, EXIT_REFUSED
+        )
     outcome = "done" if state.changed else state.state
-    message = _MESSAGES[(args.command, outcome)].format(**asdict(state))
+    message = _MESSAGES[args.command][outcome].format(**asdict(state))
+    if state.recovered:
+        message += f" ({state.recovered} first)"
     return _report(args, {"ok": True, **asdict(state), "message": message}, EXIT_OK)
 
 
