@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from k3rocm import patchset
+from k3rocm.rocm import DEFAULT_ROCM_ROOT, RocmVersionError, read_rocm_version
 from k3rocm.series import Series, default_series_dir
 
 # The base image the series is verified against, and the ROCm release in it.
@@ -30,7 +31,6 @@ BASE_IMAGE = "vllm/vllm-openai-rocm:v0.27.1"
 ROCM_VERSION = "7.2"
 # Where the image records what it holds (docker/Dockerfile writes it).
 VERSIONS_FILE = Path("/etc/k3rocm/versions.json")
-DEFAULT_ROCM_ROOT = Path("/opt/rocm")
 # Distributions whose versions decide what the container does.
 _RECORDED_DISTRIBUTIONS = (
     "k3rocm",
@@ -49,17 +49,6 @@ class BuildStepError(Exception):
 def image_tag(series: Series, rocm_version: str = ROCM_VERSION) -> str:
     """Immutable tag: vLLM version, ROCm version, series revision."""
     return f"{series.vllm_version}-rocm{rocm_version}-{series.revision}"
-
-
-def read_rocm_version(rocm_root: Path) -> str:
-    version_file = rocm_root / ".info" / "version"
-    try:
-        return version_file.read_text().strip()
-    except OSError as err:
-        raise BuildStepError(
-            f"cannot read the ROCm version from {version_file} ({err}); the base "
-            "image is not a ROCm image"
-        ) from None
 
 
 def verify_base(target: Path, series: Series, rocm_root: Path, rocm: str) -> str:
@@ -151,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(recorded, indent=2) + "\n")
             message = f"wrote {args.out}: {json.dumps(recorded)}"
-    except (BuildStepError, patchset.Refusal) as err:
+    except (BuildStepError, RocmVersionError, patchset.Refusal) as err:
         print(f"k3rocm.image {args.command}: {err}", file=sys.stderr)
         return 1
     print(message)

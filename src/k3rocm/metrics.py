@@ -17,14 +17,11 @@ kind)
     data-parallel engine runs, which say nothing about latency and so stay
     out of the histogram.
 ``k3rocm_build_info``
-    Always 1; labels vllm_version, patch_series (the applied series id,
-    ``none`` for an unpatched vLLM, ``upstream`` for a vLLM that already has
-    the change, ``invalid`` when the tree does not match its marker),
-    image_tag and rocm_version (``unknown`` where not known).
+    Always 1, labelled with what the server runs (k3rocm.build_info).
 ``k3rocm_smoke_verdict``
     The start-up smoke test's verdict on the stall-free prefill path, read
-    from its JSON report (``K3_SMOKE_REPORT``): 1 pass, 0 fail, -1 no
-    verdict yet (no report, still running, or unreadable).
+    from its JSON report: 1 pass, 0 fail, -1 no verdict yet
+    (k3rocm.smoke_verdict).
 
 The ``k3rocm_`` prefix names this distribution as the exporter: the metrics
 are ours, not vLLM's (vLLM's own use ``vllm:``; colons are reserved for
@@ -40,17 +37,12 @@ the verdict is then a gauge that a thread refreshes from the report.
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import threading
-import time
-from functools import cache
-from pathlib import Path
+from dataclasses import dataclass
+from weakref import WeakKeyDictionary
 
-import vllm
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import (
@@ -60,12 +52,9 @@ from vllm.v1.metrics.stats import (
     SchedulerStats,
 )
 
-from k3rocm.contract import IMAGE_TAG_ENV, smoke_report_path
-from k3rocm.image import DEFAULT_ROCM_ROOT, BuildStepError, read_rocm_version
-from k3rocm.patchset import Refusal, find_installed_target, inspect
-from k3rocm.series import Series, SeriesError, default_series_dir
-
-log = logging.getLogger(__name__)
+from k3rocm.build_info import install_build_info
+from k3rocm.contract import smoke_report_path
+from k3rocm.smoke_verdict import install_smoke_verdict
 
 # From a 1 ms decode step on a small batch to prefill steps of many seconds
 # (a large token budget deep into a long context, or a stalled device).
@@ -76,14 +65,6 @@ STEP_DURATION_BUCKETS = (
 )  # fmt: skip
 STEP_LABELS = ("model_name", "engine", "kind")
 
-VERDICT_PASS, VERDICT_FAIL, VERDICT_PENDING = 1, 0, -1
-_VERDICTS = {"pass": VERDICT_PASS, "fail": VERDICT_FAIL}
-# How stale the verdict may be in multiprocess mode (well under any scrape
-# interval worth using).
-VERDICT_REFRESH_SECONDS = 5.0
-
-UNKNOWN = "unknown"
-
 
 def step_kind(details: SchedulerIterationDetails) -> str:
     if details.is_dummy:
@@ -93,146 +74,125 @@ def step_kind(details: SchedulerIterationDetails) -> str:
     return "prefill" if details.num_ctx_requests else "decode"
 
 
-def read_smoke_verdict(report: Path) -> int:
-    try:
-        verdict = json.loads(report.read_text()).get("verdict")
-    except FileNotFoundError:
-        return VERDICT_PENDING
-    except (OSError, ValueError, AttributeError) as err:
-        log.warning("smoke report %s is unreadable (%s); no verdict", report, err)
-        return VERDICT_PENDING
-    return _VERDICTS.get(verdict, VERDICT_PENDING)
-
-
-def patch_series_label() -> str:
-    try:
-        state = inspect(find_installed_target(), Series(default_series_dir()))
-    except (Refusal, SeriesError) as err:
-        log.warning("cannot tell which patch series vLLM carries: %s", err)
-        return "invalid"
-    if state.state == "applied":
-        return state.marker["series_id"]
-    return "none" if state.state == "pristine" else state.state
-
-
-def rocm_version(rocm_root: Path = DEFAULT_ROCM_ROOT) -> str:
-    """The ROCm version, as the image build read it, or "unknown"."""
-    try:
-        return read_rocm_version(rocm_root) or UNKNOWN
-    except BuildStepError:
-        return UNKNOWN
-
-
-def build_info_labels() -> dict[str, str]:
-    return {
-        "vllm_version": vllm.__version__,
-        "patch_series": patch_series_label(),
-        "image_tag": os.environ.get(IMAGE_TAG_ENV) or UNKNOWN,
-        "rocm_version": rocm_version(),
-    }
-
-
-class SmokeVerdictCollector:
-    """Reads the smoke report on every scrape (single-process mode)."""
-
-    def __init__(self, report: Path):
-        self.report = report
-
-    def describe(self):
-        return [self._family(VERDICT_PENDING)]
-
-    def collect(self):
-        return [self._family(read_smoke_verdict(self.report))]
-
-    @staticmethod
-    def _family(value: int) -> GaugeMetricFamily:
-        return GaugeMetricFamily(
-            "k3rocm_smoke_verdict",
-            "Smoke test verdict on the stall-free prefill path: "
-            "1 pass, 0 fail, -1 no verdict yet.",
-            value=value,
-        )
-
-
-def _refresh_verdict_forever(gauge: Gauge, report: Path) -> None:
-    # A daemon thread: it lives as long as the API server process.
-    while True:
-        gauge.set(read_smoke_verdict(report))
-        time.sleep(VERDICT_REFRESH_SECONDS)
-
-
 class StepMetrics:
-    """The process's metric objects: one set however many engines and
-    plugin instances vLLM creates (prometheus_client refuses duplicates)."""
+    """The step metric families, registered in one registry."""
 
-    def __init__(self) -> None:
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.step_duration = Histogram(
             "k3rocm_engine_step_duration_seconds",
             "Wall time of one vLLM engine step, by step kind.",
             STEP_LABELS,
             buckets=STEP_DURATION_BUCKETS,
+            registry=registry,
         )
         self.context_tokens = Counter(
             "k3rocm_engine_step_context_tokens_total",
             "Prompt (context) tokens scheduled in engine steps, by step kind.",
             STEP_LABELS,
+            registry=registry,
         )
         self.generation_tokens = Counter(
             "k3rocm_engine_step_generation_tokens_total",
             "Generation tokens scheduled in engine steps, by step kind.",
             STEP_LABELS,
+            registry=registry,
         )
         self.steps = Counter(
             "k3rocm_engine_steps_total",
             "Engine steps, by step kind (dummy: data-parallel padding steps).",
             STEP_LABELS,
+            registry=registry,
         )
-        labels = build_info_labels()
-        Gauge(
-            "k3rocm_build_info",
-            "Build of this server: vLLM version, patch series, image, ROCm.",
-            list(labels),
-            multiprocess_mode="max",
-        ).labels(**labels).set(1)
-        report = smoke_report_path()
-        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
-            verdict = Gauge(
-                "k3rocm_smoke_verdict",
-                "Smoke test verdict on the stall-free prefill path: "
-                "1 pass, 0 fail, -1 no verdict yet.",
-                multiprocess_mode="mostrecent",
-            )
-            threading.Thread(
-                target=_refresh_verdict_forever,
-                args=(verdict, report),
-                name="k3rocm-smoke-verdict",
-                daemon=True,
-            ).start()
-        else:
-            REGISTRY.register(SmokeVerdictCollector(report))
 
-    def observe(self, model_name: str, engine: int, details: SchedulerIterationDetails):
-        labels = (model_name, str(engine), step_kind(details))
-        self.steps.labels(*labels).inc()
-        if details.is_dummy:
+    def for_engine(self, model_name: str, engine: int) -> EngineSteps:
+        return EngineSteps(self, model_name, str(engine))
+
+
+@dataclass(frozen=True)
+class _KindSeries:
+    """One (model_name, engine, kind)'s labelled children."""
+
+    steps: Counter
+    # None for dummy steps, which are counted but never timed.
+    step_duration: Histogram | None = None
+    context_tokens: Counter | None = None
+    generation_tokens: Counter | None = None
+
+
+class EngineSteps:
+    """One engine's step series. Each kind's children are bound on its first
+    step (so a kind appears on /metrics once it has run, as before) and kept:
+    a step costs no label lookup."""
+
+    def __init__(self, metrics: StepMetrics, model_name: str, engine: str):
+        self.metrics = metrics
+        self.labels = (model_name, engine)
+        self._by_kind: dict[str, _KindSeries] = {}
+
+    def _series(self, kind: str) -> _KindSeries:
+        series = self._by_kind.get(kind)
+        if series is None:
+            labels = (*self.labels, kind)
+            metrics = self.metrics
+            if kind == "dummy":
+                series = _KindSeries(metrics.steps.labels(*labels))
+            else:
+                series = _KindSeries(
+                    metrics.steps.labels(*labels),
+                    metrics.step_duration.labels(*labels),
+                    metrics.context_tokens.labels(*labels),
+                    metrics.generation_tokens.labels(*labels),
+                )
+            self._by_kind[kind] = series
+        return series
+
+    def observe(self, details: SchedulerIterationDetails) -> None:
+        series = self._series(step_kind(details))
+        series.steps.inc()
+        if series.step_duration is None:
             return
-        self.step_duration.labels(*labels).observe(details.elapsed_ms / 1000)
-        self.context_tokens.labels(*labels).inc(details.num_ctx_tokens)
-        self.generation_tokens.labels(*labels).inc(details.num_generation_tokens)
+        series.step_duration.observe(details.elapsed_ms / 1000)
+        series.context_tokens.inc(details.num_ctx_tokens)
+        series.generation_tokens.inc(details.num_generation_tokens)
 
 
-@cache
-def step_metrics() -> StepMetrics:
-    return StepMetrics()
+# vLLM builds one logger per engine index in each API server process, and a
+# registry refuses a metric name twice: one set of metrics per registry.
+_installed: WeakKeyDictionary[CollectorRegistry, StepMetrics] = WeakKeyDictionary()
+_install_lock = threading.Lock()
+
+
+def install_plugin_metrics(registry: CollectorRegistry = REGISTRY) -> StepMetrics:
+    """The step metrics, build info and smoke verdict in registry, installed
+    on the first call for that registry."""
+    with _install_lock:
+        step_metrics = _installed.get(registry)
+        if step_metrics is None:
+            step_metrics = StepMetrics(registry)
+            install_build_info(registry)
+            install_smoke_verdict(
+                registry,
+                smoke_report_path(),
+                multiprocess="PROMETHEUS_MULTIPROC_DIR" in os.environ,
+            )
+            _installed[registry] = step_metrics
+        return step_metrics
 
 
 class StepLatencyLogger(StatLoggerBase):
     """vLLM builds one per engine index in every API server process."""
 
-    def __init__(self, vllm_config: VllmConfig, engine_index: int = 0):
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        engine_index: int = 0,
+        registry: CollectorRegistry = REGISTRY,
+    ):
         self.model_name = vllm_config.model_config.served_model_name
         self.engine_index = engine_index
-        self.metrics = step_metrics()
+        self.engine_steps = install_plugin_metrics(registry).for_engine(
+            self.model_name, engine_index
+        )
 
     def record(
         self,
@@ -243,7 +203,7 @@ class StepLatencyLogger(StatLoggerBase):
     ):
         details = scheduler_stats and scheduler_stats.iteration_details
         if details is not None:
-            self.metrics.observe(self.model_name, self.engine_index, details)
+            self.engine_steps.observe(details)
 
     def log_engine_initialized(self):
         """Nothing to log: the metrics carry everything."""
