@@ -89,12 +89,41 @@ def test_unknown_failure_policy_is_refused():
         smoke.Settings.from_env({"K3_SMOKE_ON_FAILURE": "ignore"})
 
 
-def test_guard_bounds_vllm_restarts_and_stops_on_a_failed_smoke():
-    guard = Guard(max_restarts=2)
+def test_guard_bounds_vllm_restarts_and_stops_on_a_failed_smoke(tmp_path):
+    deaths = tmp_path / "vllm-deaths"
+    guard = Guard(max_restarts=2, deaths_file=deaths)
     exited = "PROCESS_STATE_EXITED"
     assert guard.judge(exited, "vllm", expected=False) is None
     assert guard.judge(exited, "vllm", expected=False) is None
     assert guard.judge(exited, "vllm", expected=False)[0] == EXIT_VLLM
-    assert Guard(2).judge("PROCESS_STATE_FATAL", "vllm", False)[0] == EXIT_VLLM
-    assert Guard(2).judge(exited, "smoke", expected=True) is None
-    assert Guard(2).judge(exited, "smoke", expected=False)[0] == EXIT_SMOKE
+    fresh = tmp_path / "fresh"
+    assert Guard(2, fresh).judge("PROCESS_STATE_FATAL", "vllm", False)[0] == EXIT_VLLM
+    assert Guard(2, fresh).judge(exited, "smoke", expected=True) is None
+    assert Guard(2, fresh).judge(exited, "smoke", expected=False)[0] == EXIT_SMOKE
+
+
+def test_guard_counts_a_vllm_exit_with_status_0(tmp_path):
+    """supervisord calls an exit with status 0 expected; for vLLM it is still
+    a death nobody asked for (a requested stop ends in STOPPED)."""
+    guard = Guard(max_restarts=1, deaths_file=tmp_path / "vllm-deaths")
+    assert guard.judge("PROCESS_STATE_EXITED", "vllm", expected=True) is None
+    assert guard.judge("PROCESS_STATE_EXITED", "vllm", expected=True)[0] == EXIT_VLLM
+
+
+def test_a_restarted_guard_keeps_the_death_count(tmp_path):
+    deaths = tmp_path / "vllm-deaths"
+    Guard(max_restarts=1, deaths_file=deaths).judge(
+        "PROCESS_STATE_EXITED", "vllm", False
+    )
+    restarted = Guard(max_restarts=1, deaths_file=deaths)
+    assert restarted.vllm_deaths == 1
+    assert restarted.judge("PROCESS_STATE_EXITED", "vllm", False)[0] == EXIT_VLLM
+
+
+def test_a_smoke_that_could_not_run_is_named_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("K3_SMOKE_REPORT", str(tmp_path / "missing.json"))
+    code, reason = Guard(1, tmp_path / "d").judge(
+        "PROCESS_STATE_EXITED", "smoke", False
+    )
+    assert code == EXIT_SMOKE
+    assert "could not run" in reason and "K3_SMOKE_ON_FAILURE=stop" not in reason

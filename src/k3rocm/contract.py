@@ -1,6 +1,7 @@
 """Names the launcher, the metrics plugin and the smoke test share."""
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 # Where the smoke test writes its JSON report (default: in the runtime
@@ -42,13 +43,44 @@ def vllm_metrics_args(*, single_api_server: bool) -> tuple[str, ...]:
 IMAGE_TAG_ENV = "K3_IMAGE_TAG"
 
 # The container's runtime directory (k3rocm.supervise clears it at start):
-# the smoke test's ready mark (the health check needs it) and its stage-1
-# gate (vLLM starts only after it).
+# the smoke test's ready mark (the health check needs it), its stage-1 gate
+# (vLLM starts only after it) and the drain mark (k3rocm.drain: written on
+# stop, refuses new requests).
 RUN_DIR_ENV = "K3_RUN_DIR"
 DEFAULT_RUN_DIR = Path("/run/k3rocm")
 READY_MARK = "ready"
 STAGE1_GATE = "stage1-done"
+DRAIN_MARK = "draining"
 
 
 def run_dir() -> Path:
     return Path(os.environ.get(RUN_DIR_ENV, DEFAULT_RUN_DIR))
+
+
+# Where vLLM's API server listens (the launcher's K3_HOST / K3_PORT), as the
+# processes in the same container reach it.
+HOST_ENV, PORT_ENV = "K3_HOST", "K3_PORT"
+DEFAULT_PORT = 8000
+_ANY_ADDRESS = {"", "0.0.0.0", "::", "[::]"}
+
+
+class BadAddress(ValueError):
+    """K3_HOST / K3_PORT cannot be turned into a URL; the message says why."""
+
+
+def api_base_url(environ: Mapping[str, str]) -> str:
+    """``http://HOST:PORT`` of the API server: loopback when vLLM listens on
+    every address, else the address it listens on."""
+    host = environ.get(HOST_ENV, "").strip()
+    port_text = environ.get(PORT_ENV, "").strip() or str(DEFAULT_PORT)
+    if not (
+        port_text.isascii() and port_text.isdigit() and len(port_text) <= 5
+    ) or not (1 <= int(port_text) <= 65535):
+        raise BadAddress(
+            f"{PORT_ENV} is {port_text[:40]!r}, not a port number from 1 to 65535"
+        )
+    if host in _ANY_ADDRESS:
+        host = "127.0.0.1"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{int(port_text)}"

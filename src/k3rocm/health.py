@@ -1,5 +1,6 @@
-"""The container's health check: healthy only when vLLM answers ``/health``
-and the smoke test has written its ready mark.
+"""The container's health check: healthy only when vLLM answers ``/health``,
+the smoke test has written its ready mark, and no drain for a stop is under
+way.
 
     python -m k3rocm.health     exit 0 healthy, 1 not (one line says why)
 """
@@ -12,14 +13,22 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from k3rocm.contract import READY_MARK, run_dir
+from k3rocm.contract import (
+    DRAIN_MARK,
+    READY_MARK,
+    BadAddress,
+    api_base_url,
+    run_dir,
+)
 
 
-def check(directory: Path, port: str) -> tuple[bool, str]:
+def check(directory: Path, base_url: str) -> tuple[bool, str]:
+    if (directory / DRAIN_MARK).exists():
+        return False, "not ready: draining for a stop, new requests are refused"
     ready = directory / READY_MARK
     if not ready.is_file():
         return False, f"not ready: no smoke ready mark at {ready} yet"
-    url = f"http://127.0.0.1:{port}/health"
+    url = f"{base_url}/health"
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
             status = response.status
@@ -27,14 +36,15 @@ def check(directory: Path, port: str) -> tuple[bool, str]:
         return False, f"vLLM {url} does not answer: {err}"
     if status != 200:
         return False, f"vLLM {url} answered {status}"
-    return True, f"healthy: {url} 200, smoke {ready.read_text().strip()}"
+    verdict = ready.read_bytes()[:200].decode(errors="replace").strip()
+    return True, f"healthy: {url} 200, smoke {verdict}"
 
 
 def main() -> int:
-    healthy, message = check(
-        run_dir(),
-        os.environ.get("K3_PORT", "8000"),
-    )
+    try:
+        healthy, message = check(run_dir(), api_base_url(os.environ))
+    except BadAddress as err:
+        healthy, message = False, f"unhealthy: {err}"
     print(message)
     return 0 if healthy else 1
 

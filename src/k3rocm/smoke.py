@@ -38,7 +38,13 @@ from pathlib import Path
 
 from k3rocm import patchset
 from k3rocm.chunk_reference import CHUNK_SIZE, cu_seqlens_of, reference_chunk_metadata
-from k3rocm.contract import READY_MARK, STAGE1_GATE, run_dir, smoke_report_path
+from k3rocm.contract import (
+    READY_MARK,
+    STAGE1_GATE,
+    api_base_url,
+    run_dir,
+    smoke_report_path,
+)
 from k3rocm.series import Series, default_series_dir
 
 BACKEND_NAME = "KIMI_K3_KDA_ROCM"
@@ -87,24 +93,43 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: dict[str, str]) -> Settings:
-        policy = environ.get("K3_SMOKE_ON_FAILURE", "stop")
+        def get(name: str, default: str) -> str:
+            # compose passes unset settings as empty strings.
+            return environ.get(name, "").strip() or default
+
+        policy = get("K3_SMOKE_ON_FAILURE", "stop")
         if policy not in POLICIES:
             raise ValueError(
                 f"K3_SMOKE_ON_FAILURE={policy!r}; use one of {', '.join(POLICIES)}"
             )
-        key_file = environ.get("K3_API_KEY_FILE")
+        key_file = get("K3_API_KEY_FILE", "")
         return cls(
             policy=policy,
             report=smoke_report_path(),
             run_dir=run_dir(),
-            base_url=f"http://127.0.0.1:{environ.get('K3_PORT', '8000')}",
-            api_key=Path(key_file).read_text().strip() if key_file else None,
-            stage1_timeout=float(environ.get("K3_SMOKE_STAGE1_TIMEOUT", "900")),
+            base_url=api_base_url(environ),
+            api_key=Path(key_file).expanduser().read_text().strip()
+            if key_file
+            else None,
+            stage1_timeout=_seconds(get, "K3_SMOKE_STAGE1_TIMEOUT", "900"),
             # Loading Kimi-K3's weights takes hours; the health check's start
             # period is sized the same.
-            load_timeout=float(environ.get("K3_SMOKE_LOAD_TIMEOUT", "21600")),
-            stage2_timeout=float(environ.get("K3_SMOKE_STAGE2_TIMEOUT", "600")),
+            load_timeout=_seconds(get, "K3_SMOKE_LOAD_TIMEOUT", "21600"),
+            stage2_timeout=_seconds(get, "K3_SMOKE_STAGE2_TIMEOUT", "600"),
         )
+
+
+def _seconds(get: Callable[[str, str], str], name: str, default: str) -> float:
+    text = get(name, default)
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1e7:
+        raise ValueError(
+            f"{name}={text[:40]!r}; set a number of seconds, e.g. {default}"
+        )
+    return value
 
 
 @dataclass

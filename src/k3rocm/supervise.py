@@ -5,13 +5,19 @@
     python -m k3rocm.supervise listen  supervisord's `guard` event listener
 
 ``run`` clears what a previous start left in ``K3_RUN_DIR``, fills in the
-defaults the config interpolates, runs supervisord in the foreground, hands
-it SIGTERM/SIGINT, and exits with the guard's stop reason: supervisord exits
-0 when the guard stops it, the container must not.
+defaults the config interpolates, runs supervisord in the foreground, and
+exits with the guard's stop reason: supervisord exits 0 when the guard stops
+it, the container must not. On SIGTERM/SIGINT it first drains (k3rocm.drain:
+new requests get 503, accepted ones finish, within K3_STOP_GRACE_SECONDS'
+drain share), then stops supervisord; a second signal skips the rest of the
+drain.
 
-Exit codes of ``run``: 0 stopped on request; 3 vLLM could not be kept running
-(fatal at start, or more than ``K3_VLLM_MAX_RESTARTS`` deaths); 4 the smoke
-test failed under ``K3_SMOKE_ON_FAILURE=stop``; otherwise supervisord's own.
+Exit codes of ``run``: 0 stopped on request; 2 a malformed setting; 3 vLLM
+could not be kept running (fatal at start, or more than
+``K3_VLLM_MAX_RESTARTS`` deaths); 4 the smoke test failed under
+``K3_SMOKE_ON_FAILURE=stop`` (a restart of the same container exits 4 again
+at once instead of loading the model again: recreate the container to
+retry); 128+N supervisord was killed by signal N; otherwise supervisord's own.
 """
 
 from __future__ import annotations
@@ -27,44 +33,88 @@ from pathlib import Path
 
 from k3rocm.contract import (
     DEFAULT_RUN_DIR,
+    DRAIN_MARK,
     READY_MARK,
     RUN_DIR_ENV,
     SMOKE_REPORT_ENV,
     SMOKE_REPORT_NAME,
     STAGE1_GATE,
+    BadAddress,
+    api_base_url,
     run_dir,
 )
+from k3rocm.drain import wait_drained, write_drain_mark
+from k3rocm.stop_budget import InvalidGrace, StopBudget, budget_from_env
 
-EXIT_VLLM, EXIT_SMOKE = 3, 4
+EXIT_USAGE, EXIT_VLLM, EXIT_SMOKE = 2, 3, 4
 DEFAULTS = {
     RUN_DIR_ENV: str(DEFAULT_RUN_DIR),
     "K3_SUPERVISORD_CONF": "/opt/k3rocm/docker/supervisord.conf",
     # vLLM counts as started after this long; dying sooner is a failed start.
     "K3_VLLM_START_SECONDS": "10",
     "K3_VLLM_MAX_RESTARTS": "3",
-    # How long vLLM may take to drain on SIGTERM before SIGKILL; compose's
-    # stop_grace_period must leave room for it.
-    "K3_STOP_GRACE_SECONDS": "120",
     "K3_SMOKE_STAGE1_TIMEOUT": "900",
 }
+# supervisord's wait between SIGTERM and SIGKILL for vLLM, derived from the
+# stop budget (k3rocm.stop_budget), for %(ENV_...)s in supervisord.conf.
+STOPWAIT_ENV = "K3_VLLM_STOPWAIT_SECONDS"
 REASON_FILE = "exit-reason.json"
 # The process group of the running vLLM, for reaping after a crash.
 VLLM_GROUP_FILE = "vllm.pgid"
+# vLLM deaths so far in this container; survives a restart of the guard.
+DEATHS_FILE = "vllm-deaths"
 # What a previous start may have left behind; none of it holds for this one.
-_STALE = (READY_MARK, STAGE1_GATE, REASON_FILE, VLLM_GROUP_FILE, SMOKE_REPORT_NAME)
+_STALE = (
+    READY_MARK,
+    STAGE1_GATE,
+    DRAIN_MARK,
+    REASON_FILE,
+    VLLM_GROUP_FILE,
+    DEATHS_FILE,
+    SMOKE_REPORT_NAME,
+)
 
 
 def _log(message: str) -> None:
     print(f"k3rocm.supervise: {message}", file=sys.stderr, flush=True)
 
 
+def _previous_smoke_failure(directory: Path) -> str | None:
+    """The reason of a previous start of this container that failed the smoke
+    test; Docker's restart policy must not buy a second multi-hour load."""
+    try:
+        reason = json.loads((directory / REASON_FILE).read_text())
+        if reason["exit_code"] == EXIT_SMOKE:
+            return str(reason["reason"])
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    return None
+
+
 def run() -> int:
-    for name, value in DEFAULTS.items():
-        os.environ.setdefault(name, value)
-    os.environ.setdefault("K3_PYTHON", sys.executable)
+    # compose passes every allowed variable, unset ones as empty strings.
+    for name, value in (*DEFAULTS.items(), ("K3_PYTHON", sys.executable)):
+        if not os.environ.get(name, "").strip():
+            os.environ[name] = value
+    try:
+        budget = budget_from_env(os.environ)
+        base_url = api_base_url(os.environ)
+    except (InvalidGrace, BadAddress) as err:
+        _log(f"cannot start: {err}")
+        return EXIT_USAGE
+    os.environ[STOPWAIT_ENV] = str(budget.stopwait_seconds)
     directory = run_dir()
     os.environ.setdefault(SMOKE_REPORT_ENV, str(directory / SMOKE_REPORT_NAME))
     directory.mkdir(parents=True, exist_ok=True)
+    failed = _previous_smoke_failure(directory)
+    if failed is not None:
+        _log(
+            f"not starting again: a previous start of this container failed "
+            f"({failed}); "
+            "fix the cause, then recreate the container (docker compose up "
+            "--force-recreate, or docker rm and docker run)"
+        )
+        return EXIT_SMOKE
     for name in _STALE:
         (directory / name).unlink(missing_ok=True)
     Path(os.environ[SMOKE_REPORT_ENV]).unlink(missing_ok=True)
@@ -79,19 +129,56 @@ def run() -> int:
             os.environ["K3_SUPERVISORD_CONF"],
         ]
     )
+    signals: list[int] = []
 
-    def forward(signum: int, _frame: object) -> None:
-        supervisord.send_signal(signum)
+    def on_signal(signum: int, _frame: object) -> None:
+        signals.append(signum)
 
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, forward)
+        signal.signal(signum, on_signal)
+    while supervisord.poll() is None and not signals:
+        time.sleep(0.2)
+    if signals and supervisord.poll() is None:
+        _log(f"stop requested (signal {signals[0]}); draining first")
+        stop_gracefully(supervisord, directory, budget, base_url, signals)
     status = supervisord.wait()
+    return _exit_code(directory, status)
 
+
+def stop_gracefully(
+    supervisord: subprocess.Popen,
+    directory: Path,
+    budget: StopBudget,
+    base_url: str,
+    signals: list[int],
+) -> None:
+    write_drain_mark(directory, time.time() + budget.drain_seconds)
+    wait_drained(
+        f"{base_url}/metrics",
+        time.time() + budget.drain_seconds,
+        interrupted=lambda: len(signals) > 1 or supervisord.poll() is not None,
+        log=_log,
+    )
+    if supervisord.poll() is None:
+        supervisord.send_signal(signal.SIGTERM)
+
+
+def _exit_code(directory: Path, status: int) -> int:
     reason_file = directory / REASON_FILE
-    if reason_file.is_file():
+    try:
         reason = json.loads(reason_file.read_text())
-        _log(f"container stopped: {reason['reason']} (exit {reason['exit_code']})")
-        return reason["exit_code"]
+        code, why = int(reason["exit_code"]), str(reason["reason"])
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        _log(f"unreadable stop reason {reason_file} ({err}); exiting with {EXIT_VLLM}")
+        return EXIT_VLLM
+    else:
+        _log(f"container stopped: {why} (exit {code})")
+        return code
+    if status < 0:
+        _log(f"supervisord was killed by signal {-status}; exiting with {128 - status}")
+        return 128 - status
     if status != 0:
         _log(f"supervisord exited with status {status}")
     return status
@@ -143,11 +230,26 @@ def kill_group(group: int, timeout: float) -> bool:
 
 
 class Guard:
-    """Decides, event by event, whether the container must stop."""
+    """Decides, event by event, whether the container must stop. The count of
+    vLLM deaths lives in ``deaths_file``, so a restarted guard keeps it."""
 
-    def __init__(self, max_restarts: int):
+    def __init__(self, max_restarts: int, deaths_file: Path):
         self.max_restarts = max_restarts
-        self.vllm_deaths = 0
+        self.deaths_file = deaths_file
+
+    @property
+    def vllm_deaths(self) -> int:
+        try:
+            return int(self.deaths_file.read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def _count_death(self) -> int:
+        deaths = self.vllm_deaths + 1
+        tmp = self.deaths_file.with_name(f".{self.deaths_file.name}.tmp")
+        tmp.write_text(f"{deaths}\n")
+        os.replace(tmp, self.deaths_file)
+        return deaths
 
     def judge(self, event: str, process: str, expected: bool) -> tuple[int, str] | None:
         """(exit code, reason) when the container must stop, else None."""
@@ -156,22 +258,30 @@ class Guard:
                 "vLLM failed to start (died within K3_VLLM_START_SECONDS "
                 f"{self.max_restarts + 1} times in a row)"
             )
-        if process == "vllm" and event == "PROCESS_STATE_EXITED" and not expected:
-            self.vllm_deaths += 1
-            if self.vllm_deaths > self.max_restarts:
+        # A stop that supervisord was asked for ends in STOPPED, never EXITED:
+        # every EXITED of vLLM is a death, whatever its status (an engine
+        # death can end in a clean exit of the API server).
+        if process == "vllm" and event == "PROCESS_STATE_EXITED":
+            deaths = self._count_death()
+            if deaths > self.max_restarts:
                 return EXIT_VLLM, (
-                    f"vLLM died {self.vllm_deaths} times; K3_VLLM_MAX_RESTARTS="
+                    f"vLLM died {deaths} times; K3_VLLM_MAX_RESTARTS="
                     f"{self.max_restarts} restarts allowed"
                 )
             _log(
-                f"vLLM died; restart {self.vllm_deaths} of {self.max_restarts} "
+                f"vLLM exited unasked; restart {deaths} of {self.max_restarts} "
                 "(K3_VLLM_MAX_RESTARTS)"
             )
         if process == "smoke" and (
             event == "PROCESS_STATE_FATAL"
             or (event == "PROCESS_STATE_EXITED" and not expected)
         ):
-            report = os.environ.get(SMOKE_REPORT_ENV, "the smoke report")
+            report = Path(os.environ.get(SMOKE_REPORT_ENV, "smoke-report.json"))
+            if not report.is_file():
+                return EXIT_SMOKE, (
+                    "the smoke test could not run (no report at "
+                    f"{report}; its error is logged above)"
+                )
             return EXIT_SMOKE, (
                 f"smoke test failed under K3_SMOKE_ON_FAILURE=stop (see {report})"
             )
@@ -181,8 +291,11 @@ class Guard:
 def listen() -> int:
     from supervisor import childutils
 
-    guard = Guard(int(os.environ.get("K3_VLLM_MAX_RESTARTS", "3")))
-    reason_file = run_dir() / REASON_FILE
+    directory = run_dir()
+    guard = Guard(
+        int(os.environ.get("K3_VLLM_MAX_RESTARTS", "3")), directory / DEATHS_FILE
+    )
+    reason_file = directory / REASON_FILE
     while True:
         headers, payload = childutils.listener.wait(sys.stdin, sys.stdout)
         body = childutils.get_headers(payload.split("\n", 1)[0])

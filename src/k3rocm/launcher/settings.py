@@ -23,6 +23,12 @@ from k3rocm.launcher.profiles import (
     MultiNode,
     Profile,
 )
+from k3rocm.stop_budget import (
+    DEFAULT_GRACE_SECONDS,
+    InvalidGrace,
+    StopBudget,
+    parse_grace,
+)
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,15 @@ SETTINGS: tuple[Setting, ...] = (
         "follows it.",
     ),
     Setting(
+        "stop_grace_seconds",
+        "K3_STOP_GRACE_SECONDS",
+        "--stop-grace-seconds",
+        str(DEFAULT_GRACE_SECONDS),
+        "Docker's stop timeout for the container (compose's stop_grace_period); "
+        "the drain, vLLM's --shutdown-timeout and supervisord's waits are derived "
+        "from it.",
+    ),
+    Setting(
         "dry_run",
         "K3_DRY_RUN",
         "--dry-run",
@@ -185,6 +200,7 @@ MANAGED_FLAGS = {
     "--master-port": "master_port",
     "--headless": "node_rank",
     "--api-key": "api_key_file",
+    "--shutdown-timeout": "stop_grace_seconds",
 }
 
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -218,6 +234,7 @@ class LaunchSettings:
     gpu_count: int | None
     dri_dir: Path
     vllm_command: tuple[str, ...] | None
+    stop_budget: StopBudget
     dry_run: bool
 
 
@@ -358,6 +375,11 @@ def resolve(
         num_nodes = _check_nodes(profile, num_nodes, node_rank, master_addr, problems)
 
     vllm_command = resolver.split("vllm_command") or None
+    try:
+        stop_budget = parse_grace(resolver.text("stop_grace_seconds"))
+    except InvalidGrace as error:
+        problems.append(f"{error} ({label('stop_grace_seconds')})")
+        stop_budget = parse_grace(None)
     settings = LaunchSettings(
         model=resolver.text("model") or SETTINGS_BY_NAME["model"].default,
         served_model_name=resolver.text("served_model_name")
@@ -378,6 +400,7 @@ def resolve(
         gpu_count=resolver.integer("gpu_count", 0),
         dri_dir=Path(resolver.text("dri_dir") or SETTINGS_BY_NAME["dri_dir"].default),
         vllm_command=vllm_command,
+        stop_budget=stop_budget,
         dry_run=resolver.boolean("dry_run"),
     )
     if problems:

@@ -121,7 +121,7 @@ def _check_gpus(settings: LaunchSettings, problems: list[str]) -> None:
 
 def _check_inherited_env(environ: Mapping[str, str], problems: list[str]) -> None:
     for name, required in REQUIRED_AMD_ENV.items():
-        value = environ.get(name)
+        value = environ.get(name) or None  # compose passes unset as empty
         if value is not None and value != required:
             problems.append(
                 f"{name} is {value!r} in the environment, but Kimi-K3 on ROCm "
