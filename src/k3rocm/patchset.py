@@ -17,15 +17,14 @@ import argparse
 import hashlib
 import importlib.util
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from k3rocm import unified_diff
 from k3rocm.patch_journal import locked_and_recovered, pending_journal, write_files
 from k3rocm.patch_lock import Refusal
 from k3rocm.patch_marker import build_marker, read_marker
@@ -167,31 +166,21 @@ def _stage(target: Path, series: Series, staging: Path) -> dict[str, bytes]:
         if (target / rel).is_file():
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(target / rel, staging / rel)
-    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(staging.parent)}
-    git = shutil.which("git")
+    # Our own strict applier: the base image may have neither git nor patch.
     for patch in series.patches:
         try:
-            if git is None:
-                raise FileNotFoundError("git")
-            result = subprocess.run(
-                [git, "apply", "--whitespace=nowarn", str(patch)],
-                cwd=staging,
-                env=env,
-                capture_output=True,
-                text=True,
-            )
-        except OSError as err:
+            for file_patch in unified_diff.parse(patch.read_bytes()):
+                path = staging / file_patch.path
+                original = path.read_bytes() if path.is_file() else None
+                patched = unified_diff.apply_file(file_patch, original)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(patched)
+        except unified_diff.DiffError as err:
             raise Refusal(
-                f"cannot run git ({err}): the patch tool stages the series "
-                "with `git apply`. Install git (e.g. `apt-get install git`) or "
-                "put it on PATH, and run again. Nothing was changed."
+                f"patch {patch.name} does not apply to {target}: {err}\n"
+                "Nothing was changed. The series or the tree is damaged: "
+                "reinstall k3rocm / vLLM."
             ) from None
-        if result.returncode != 0:
-            raise Refusal(
-                f"patch {patch.name} does not apply to {target}: "
-                f"{result.stderr.strip()}\nNothing was changed. The series or "
-                "the tree is damaged: reinstall k3rocm / vLLM."
-            )
     return {rel: (staging / rel).read_bytes() for rel in series.touched_files}
 
 
