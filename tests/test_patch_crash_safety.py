@@ -369,6 +369,7 @@ def test_random_kills_never_leave_a_half_patched_tree(tree):
         assert result.returncode == 0, f"seed {SEED}: {result.stderr}"
         assert tree.verdict() == "patched", f"seed {SEED}, trial {trial}"
         tree.reset()
+    print(f"seed {SEED}: the tree right after each kill: {outcomes}")  # with -s
     assert outcomes.get("journal", 0) >= 1, (SEED, outcomes)
 
 

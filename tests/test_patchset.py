@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from vllm_trees import (
+    REPO,
     SERIES,
     UPSTREAM_TREE,
     copy_tree,
@@ -195,3 +196,31 @@ def test_tree_without_vllm_is_refused(tmp_path):
     result = run_patchset("check", "--target", str(tmp_path))
     assert result.returncode == 1
     assert "holds no vllm/ package" in result.stderr
+
+
+def test_tree_without_vllm_gets_no_lock_file(tmp_path):
+    for command in ("check", "apply", "status"):
+        assert run_patchset(command, "--target", str(tmp_path)).returncode == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_inspect_refuses_a_tree_with_an_unfinished_journal(pristine):
+    """Readers that take no lock (smoke test, metrics) must not trust a tree
+    an interrupted apply left behind; apply then finishes it."""
+    from k3rocm import patchset
+
+    journal = pristine / ".k3rocm-patch-journal" / "journal.json"
+    for step in range(1, 100):  # the first fault point past the journal's record
+        crash = {**os.environ, "K3_PATCHSET_CRASH_AT_STEP": str(step)}
+        command = [sys.executable, "-m", "k3rocm.patchset", "apply"]
+        target = ["--target", str(pristine)]
+        subprocess.run([*command, *target], env=crash, cwd=REPO, capture_output=True)
+        if journal.is_file():
+            break
+    assert journal.is_file()
+    with pytest.raises(patchset.Refusal, match="was interrupted"):
+        patchset.inspect(pristine, SERIES)
+    result = run_patchset("apply", "--target", str(pristine))
+    assert result.returncode == 0, result.stderr
+    assert "finished an interrupted apply" in result.stdout
+    assert patchset.inspect(pristine, SERIES).state == "applied"
