@@ -1,7 +1,7 @@
 """The plugin's pieces in-process: step kinds, the smoke verdict, build info,
 and how the plugin binds its series. The whole plugin inside a real vLLM
 server is in test_metrics_live.py; malformed inputs in
-test_metrics_malformed_inputs.py."""
+test_smoke_report_malformed.py and test_build_info_malformed.py."""
 
 from __future__ import annotations
 

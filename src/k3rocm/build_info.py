@@ -99,12 +99,13 @@ def patch_series_label(target: Path | None = None, series: Series | None = None)
 
 
 def rocm_version(rocm_root: Path = DEFAULT_ROCM_ROOT) -> str:
-    """The ROCm version, as the image build read it, or "unknown"."""
+    """The ROCm version, as the image build read it, or "unknown" (also for
+    a file whose text, control characters and all, is no version)."""
     try:
         version = read_rocm_version(rocm_root)
     except RocmVersionError:
         return UNKNOWN
-    return label_text(version) if version else UNKNOWN
+    return version if version and version.isprintable() else UNKNOWN
 
 
 def build_info_labels() -> dict[str, str]:

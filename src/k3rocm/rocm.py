@@ -18,7 +18,8 @@ class RocmVersionError(Exception):
 def read_rocm_version(rocm_root: Path) -> str:
     version_file = rocm_root / ".info" / "version"
     try:
-        return version_file.read_text(encoding="utf-8").strip()
+        # Bytes as they are: no newline translation inside the version.
+        return version_file.read_bytes().decode("utf-8").strip()
     # A binary or non-UTF-8 file is as unreadable as a missing one.
     except (OSError, UnicodeDecodeError) as err:
         raise RocmVersionError(
