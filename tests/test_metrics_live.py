@@ -176,9 +176,20 @@ def check_smoke_verdict(server: VllmServer, report: Path, timeout: float) -> Non
 
     report.unlink(missing_ok=True)
     wait_for(verdict_is(-1), timeout, "verdict -1 without a report")
-    for verdict, value in (("running", -1), ("pass", 1), ("fail", 0)):
-        report.write_text(json.dumps({"verdict": verdict}))
-        wait_for(verdict_is(value), timeout, f"verdict {value} for {verdict!r}")
+    nested = "[" * 100_000 + "]" * 100_000
+    for content, value in (
+        ('{"verdict": "running"}', -1),
+        ('{"verdict": "pass"}', 1),
+        # Malformed reports (issue 11) are no verdict, /metrics stays whole,
+        # and the verdict still follows the report afterwards.
+        ('{"verdict": []}', -1),
+        ('{"verdict": "fail"}', 0),
+        (nested, -1),
+        ('{"verdict": "pass"}', 1),
+    ):
+        report.write_text(content)
+        wait_for(verdict_is(value), timeout, f"verdict {value} for {content[:40]}")
+        assert "vllm:num_requests_running" in metric_names(server.metrics())
 
 
 def build_info(server: VllmServer) -> dict[str, str]:
