@@ -7,6 +7,8 @@ import sys
 # Before triton is imported anywhere: run kernels on CPU tensors.
 os.environ["TRITON_INTERPRET"] = "1"
 
+import pytest
+from docker_images import build_image, build_standin, require_engine, tiny_model_dir
 from vllm_trees import patched_tree
 
 PATCHED_ROOT = patched_tree()
@@ -24,3 +26,20 @@ def _enable_triton_for_vllm() -> None:
 
 
 _enable_triton_for_vllm()
+
+
+# The container tests' images (tests/docker_images.py), built once a session.
+@pytest.fixture(scope="session")
+def standin() -> str:
+    require_engine()
+    return build_standin()
+
+
+@pytest.fixture(scope="session")
+def image(standin) -> str:
+    return build_image(standin)
+
+
+@pytest.fixture(scope="session")
+def model(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")

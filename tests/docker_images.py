@@ -1,0 +1,221 @@
+"""The images and containers of the container tests, on the Docker engine
+that ./scripts/test starts (scripts/docker-engine).
+
+No registry is reachable here, so everything is built locally: the stand-in
+for the vLLM ROCm base (scripts/standin-base; how it differs is listed there
+and in README), then the real image on top of it by scripts/build-image, the
+path operators use.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from tiny_model import SERVE_ENV, build_tiny_llama
+from vllm_server import free_port
+from vllm_trees import REPO
+
+TEST_REPO = "k3rocm-test"
+STANDIN_SCRIPT = REPO / "scripts" / "standin-base"
+TINY_MODEL_FLAGS = "--load-format dummy --enforce-eager --dtype float32"
+IN_CONTAINER_MODEL = "/models/tiny"
+
+
+def docker(*args: str, timeout: float = 600, check: bool = True, **kwargs):
+    result = subprocess.run(
+        ["docker", *args], capture_output=True, text=True, timeout=timeout, **kwargs
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"docker {' '.join(args[:3])} ... failed ({result.returncode}):\n"
+            f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+    return result
+
+
+def require_engine() -> None:
+    """Fail, never skip: on a machine where the engine can be installed, a
+    skipped container test would prove nothing (deselect with -m 'not docker')."""
+    if shutil.which("docker") is None or (
+        subprocess.run(["docker", "info"], capture_output=True).returncode != 0
+    ):
+        pytest.fail(
+            "no Docker engine answers: run ./scripts/test (it installs and starts "
+            "one) or scripts/docker-engine start; deselect with -m 'not docker'"
+        )
+
+
+def build_standin(variant: str = "plain") -> str:
+    result = subprocess.run(
+        [sys.executable, str(STANDIN_SCRIPT), "build", "--variant", variant],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+def build_image(base: str) -> str:
+    """The image, by scripts/build-image (wheelhouse, then `docker build`)."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "build-image"),
+            "--base-image",
+            base,
+            "--repo",
+            TEST_REPO,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    tagged = [
+        line for line in result.stdout.splitlines() if "Successfully tagged" in line
+    ]
+    assert tagged, result.stdout[-3000:]
+    return tagged[-1].split()[-1]
+
+
+def tiny_model_dir(directory: Path) -> Path:
+    """The tiny Llama, readable by the container's uid 1000."""
+    model = build_tiny_llama(directory)
+    for path in (directory, *directory.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return model
+
+
+# The container settings of a cpu-dev server on the tiny model; TRITON_INTERPRET
+# lets smoke stage 1 run the kernel battery on the CPU.
+CPU_DEV_ENV = {
+    **SERVE_ENV,
+    "K3_PROFILE": "cpu-dev",
+    "K3_MODEL": IN_CONTAINER_MODEL,
+    "K3_MAX_MODEL_LEN": "512",
+    "K3_EXTRA_ARGS": TINY_MODEL_FLAGS,
+    "K3_SMOKE_LOAD_TIMEOUT": "600",
+    "TRITON_INTERPRET": "1",
+}
+
+
+@dataclass
+class Container:
+    name: str
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def inspect(self) -> dict:
+        return json.loads(docker("inspect", self.name).stdout)[0]
+
+    def state(self) -> dict:
+        return self.inspect()["State"]
+
+    def health(self) -> str:
+        return self.state().get("Health", {}).get("Status", "none")
+
+    def logs(self) -> str:
+        result = docker("logs", self.name, check=False)
+        return result.stdout + result.stderr
+
+    def exec(self, *command: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return docker("exec", self.name, *command, timeout=timeout, check=False)
+
+    def read(self, path: str) -> str:
+        result = self.exec("cat", path)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    def wait_for(self, what: str, condition: Callable[[], bool], timeout: float):
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{self.name}: no {what} within {timeout:.0f} s; state "
+                    f"{self.state()}; log tail:\n{self.logs()[-5000:]}"
+                )
+            time.sleep(1)
+
+    def wait_healthy(self, timeout: float = 420) -> None:
+        def healthy() -> bool:
+            state = self.state()
+            if not state["Running"]:
+                raise AssertionError(
+                    f"{self.name} exited ({state['ExitCode']}); log tail:\n"
+                    f"{self.logs()[-5000:]}"
+                )
+            return state.get("Health", {}).get("Status") == "healthy"
+
+        self.wait_for("healthy state", healthy, timeout)
+
+    def wait_exit(self, timeout: float) -> int:
+        self.wait_for("exit", lambda: not self.state()["Running"], timeout)
+        return self.state()["ExitCode"]
+
+    def remove(self) -> None:
+        docker("rm", "-f", "-v", self.name, check=False)
+
+
+def run_container(
+    image: str,
+    model: Path,
+    name: str,
+    env: dict[str, str] | None = None,
+    extra: Sequence[str] = (),
+    stop_timeout: int = 60,
+) -> Container:
+    port = free_port()
+    settings = {
+        **CPU_DEV_ENV,
+        "K3_STOP_GRACE_SECONDS": str(stop_timeout),
+        **(env or {}),
+    }
+    docker("rm", "-f", name, check=False)
+    docker(
+        "run",
+        "--detach",
+        "--name",
+        name,
+        # vLLM's CPU build needs more than Docker's 64 MB of /dev/shm.
+        "--shm-size",
+        "1g",
+        "--stop-timeout",
+        str(stop_timeout),
+        "--publish",
+        f"127.0.0.1:{port}:8000",
+        "--volume",
+        f"{model}:{IN_CONTAINER_MODEL}:ro",
+        *(f"--env={key}={value}" for key, value in settings.items()),
+        *extra,
+        image,
+    )
+    return Container(name, port)
+
+
+def http(
+    url: str, body: dict | None = None, timeout: float = 120, headers=None
+) -> tuple[int, str]:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()

@@ -1,0 +1,249 @@
+"""compose.yaml, brought up for real with docker-compose on this machine's
+Docker engine: the server (the image built on the stand-in base, cpu-dev on
+the tiny model) and Prometheus.
+
+What differs from an AMD host, and how: the server's GPU `devices`, its
+`group_add` (the render group) and its `build` are dropped from a copy of
+compose.yaml (no GPU here, the image is already built); an override sets the
+test image, the CPU settings and a Prometheus image built here from Debian's
+`prometheus` package under a test-only name (Docker Hub is unreachable).
+Grafana has no image here and is not started (its files have static tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from docker_images import CPU_DEV_ENV, docker, http
+from vllm_server import free_port
+from vllm_trees import REPO
+
+pytestmark = pytest.mark.docker
+PROJECT = "k3rocmtest"
+PROMETHEUS_IMAGE = "k3rocm-test-prometheus:debian"
+SECRETS = {
+    "api_key": "sk-test-5f1c2e-never-in-an-environment",
+    "hf_token": "hf_test_token_never_in_an_environment",
+    "grafana": "grafana-test-password-never-in-an-environment",
+}
+# Values an operator's .env may hold that must not reach the server.
+POISON = {"HF_TOKEN": "hf_poison_from_dotenv", "GRAFANA_ADMIN_PASSWORD": "poison-pw"}
+# Flags of the smoke test and vLLM for the tiny model (not in compose.yaml's
+# allow-list: the CPU build's own variables).
+CPU_ONLY_ENV = {"VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TRITON_INTERPRET"}
+
+
+def prometheus_image(base: str, context: Path) -> str:
+    """Prometheus from Debian's package (the binary `scripts/test` installs)."""
+    binary = shutil.which("prometheus")
+    assert binary, "Debian's prometheus package is missing (scripts/test installs it)"
+    shutil.copy(binary, context / "prometheus")
+    (context / "Dockerfile").write_text(
+        f"FROM {base}\nCOPY prometheus /bin/prometheus\n"
+        'ENTRYPOINT ["/bin/prometheus"]\n'
+    )
+    docker("build", "--network", "none", "--tag", PROMETHEUS_IMAGE, str(context))
+    return PROMETHEUS_IMAGE
+
+
+def compose(*args: str, files: list[Path], env_file: Path, timeout: float = 600):
+    command = ["docker-compose", "--project-name", PROJECT]
+    command += ["--project-directory", str(REPO), "--env-file", str(env_file)]
+    for file in files:
+        command += ["--file", str(file)]
+    result = subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def secret_file(path: Path, text: str, owner: int = 1000) -> Path:
+    path.write_text(text + "\n")
+    os.chown(path, owner, owner)
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def project(image, standin, model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("compose")
+    context = tmp / "prometheus-image"
+    context.mkdir()
+    prometheus = prometheus_image(standin, context)
+
+    stack = yaml.safe_load((REPO / "compose.yaml").read_text())
+    server = stack["services"]["kimi-k3"]
+    for no_gpu_here in ("devices", "group_add", "build"):
+        del server[no_gpu_here]
+    derived = tmp / "compose.yaml"
+    derived.write_text(yaml.safe_dump(stack))
+    override = tmp / "override.yaml"
+    cpu_env = {name: CPU_DEV_ENV[name] for name in CPU_ONLY_ENV}
+    override.write_text(
+        yaml.safe_dump(
+            {
+                "services": {
+                    "kimi-k3": {"image": image, "environment": cpu_env},
+                    "prometheus": {"image": prometheus},
+                }
+            }
+        )
+    )
+    api_port, prometheus_port = free_port(), free_port()
+    settings = {
+        key: value for key, value in CPU_DEV_ENV.items() if key not in CPU_ONLY_ENV
+    }
+    settings |= {
+        "K3_MODELS_DIR": str(model.parent),
+        "K3_MODEL": f"/models/{model.name}",
+        "K3_API_PORT": str(api_port),
+        "PROMETHEUS_PORT": str(prometheus_port),
+        "K3_STOP_GRACE_SECONDS": "60",
+        "K3_API_KEY_SECRET": str(secret_file(tmp / "api-key", SECRETS["api_key"])),
+        "K3_API_KEY_FILE": "/run/secrets/k3_api_key",
+        "HF_TOKEN_SECRET": str(secret_file(tmp / "hf-token", SECRETS["hf_token"])),
+        "GRAFANA_ADMIN_PASSWORD_SECRET": str(
+            secret_file(tmp / "grafana", SECRETS["grafana"], owner=472)
+        ),
+        **POISON,
+    }
+    env_file = tmp / ".env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+    files = [derived, override]
+    try:
+        compose(
+            "up", "--detach", "kimi-k3", "prometheus", files=files, env_file=env_file
+        )
+        yield {
+            "api": f"http://127.0.0.1:{api_port}",
+            "prometheus": f"http://127.0.0.1:{prometheus_port}",
+            "containers": compose("ps", "-q", files=files, env_file=env_file).split(),
+            "server": compose(
+                "ps", "-q", "kimi-k3", files=files, env_file=env_file
+            ).strip(),
+        }
+    finally:
+        subprocess.run(
+            [
+                "docker-compose",
+                "--project-name",
+                PROJECT,
+                "--project-directory",
+                str(REPO),
+                "--env-file",
+                str(env_file),
+                "--file",
+                str(derived),
+                "--file",
+                str(override),
+                "down",
+                "--volumes",
+                "--remove-orphans",
+                "--timeout",
+                "70",
+            ],
+            capture_output=True,
+            timeout=300,
+        )
+
+
+def wait_for(what: str, condition, timeout: float, diagnose=lambda: "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout:.0f} s\n{diagnose()}")
+        time.sleep(2)
+
+
+def health(container: str) -> str:
+    state = json.loads(docker("inspect", container).stdout)[0]["State"]
+    assert state["Running"], docker("logs", container, check=False).stderr[-4000:]
+    return state.get("Health", {}).get("Status", "none")
+
+
+def test_the_server_comes_up_healthy_with_its_api_key(project):
+    server = project["server"]
+    wait_for(
+        "healthy server",
+        lambda: health(server) == "healthy",
+        480,
+        lambda: docker("logs", server, check=False).stderr[-4000:],
+    )
+    body = {"model": "kimi-k3", "prompt": "a b", "max_tokens": 4}
+    assert http(f"{project['api']}/v1/completions", body)[0] == 401
+    key = {"Authorization": f"Bearer {SECRETS['api_key']}"}
+    status, answer = http(f"{project['api']}/v1/completions", body, headers=key)
+    assert status == 200, answer
+
+
+def test_prometheus_scrapes_the_server_and_loaded_the_rules(project):
+    prometheus = project["prometheus"]
+
+    def target_up() -> bool:
+        try:
+            _, text = http(f"{prometheus}/api/v1/targets", timeout=5)
+        except OSError:
+            return False
+        targets = json.loads(text)["data"]["activeTargets"]
+        return any(t["health"] == "up" for t in targets)
+
+    wait_for("scraped target", target_up, 240)
+    query = f"{prometheus}/api/v1/query?query=k3rocm_build_info"
+    wait_for(
+        "k3rocm_ series",
+        lambda: json.loads(http(query, timeout=5)[1])["data"]["result"] != [],
+        120,
+    )
+    rules = json.loads(http(f"{prometheus}/api/v1/rules")[1])["data"]["groups"]
+    names = {rule["name"] for group in rules for rule in group["rules"]}
+    assert {"KimiK3ServerDown", "SmokeTestFailed"} <= names
+
+
+def test_no_secret_reaches_any_environment(project):
+    for container in project["containers"]:
+        described = docker("inspect", container).stdout
+        for value in (*SECRETS.values(), *POISON.values()):
+            assert value not in described, container
+    environment = docker("exec", project["server"], "env").stdout
+    for name in (*POISON, "GRAFANA_ADMIN_PASSWORD_SECRET", "K3_API_KEY_SECRET"):
+        assert f"{name}=" not in environment, name
+    for value in SECRETS.values():
+        assert value not in environment
+
+
+def test_compiled_triton_kernels_land_in_the_cache_volume(project):
+    """A Triton kernel compiled in the server container (for a GPU target,
+    which needs no GPU) lands in the k3-cache volume, so a recreated
+    container does not compile it again."""
+    script = (
+        "import triton, triton.language as tl\n"
+        "from triton.backends.compiler import GPUTarget\n"
+        "@triton.jit\n"
+        "def copy(x, y, BLOCK: tl.constexpr):\n"
+        "    i = tl.arange(0, BLOCK)\n"
+        "    tl.store(y + i, tl.load(x + i))\n"
+        "source = triton.compiler.ASTSource(fn=copy, signature={'x': '*fp32', "
+        "'y': '*fp32', 'BLOCK': 'constexpr'}, constexprs={'BLOCK': 32})\n"
+        "print(triton.compile(source, target=GPUTarget('cuda', 80, 32)).hash)\n"
+    )
+    result = docker(
+        "exec",
+        "--env",
+        "TRITON_INTERPRET=0",
+        project["server"],
+        "python3",
+        "-c",
+        script,
+    )
+    kernel_hash = result.stdout.strip().splitlines()[-1]
+    volume = json.loads(docker("volume", "inspect", f"{PROJECT}_k3-cache").stdout)[0]
+    cached = list(Path(volume["Mountpoint"], "triton").rglob("*.json"))
+    assert cached, f"nothing under the volume's triton/ after compiling {kernel_hash}"

