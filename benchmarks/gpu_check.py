@@ -36,8 +36,7 @@ def kernel_matches_reference(prepare, reference) -> int:
         [64, 128, 640], [1, 63, 65, 127, 129], [1] * 200 + [100_000] + [0] * 16,
         [1 << 20], [256 * 1024], [8192] * 8, [2048] * 64, [100] * 2000,
     ]  # fmt: skip
-    for n in (1, 127, 128, 129, 2000):
-        edge_cases.append([random.randint(0, 300) for _ in range(n)])
+    edge_cases += tile_boundary_batches()
     rng = random.Random(0)
     randoms = [
         [rng.choice([0, 1, rng.randint(0, 3000)]) for _ in range(rng.randint(1, 64))]
@@ -56,6 +55,30 @@ def kernel_matches_reference(prepare, reference) -> int:
         if not ok:
             raise AssertionError(f"kernel != reference for batch {i}: {seq_lens[:20]}")
     return len(edge_cases) + len(randoms)
+
+
+def tile_boundary_batches() -> list[list[int]]:
+    """Batches on both sides of every boundary the kernel's tiling has, read
+    from the kernel module itself so they follow its constants: sequence
+    counts around each sequence tile and prefix-load width, lengths around
+    each chunk tile."""
+    import vllm.models.kimi_k3.amd.kda_metadata as kernel
+
+    rng = random.Random(1)
+    counts = {1, 2000}
+    for seq_tile, _, _ in kernel._TILE_SHAPES:
+        counts |= {seq_tile - 1, seq_tile, seq_tile + 1, 2 * seq_tile + 1}
+    for width in (kernel._MIN_PREFIX_LANES,):
+        counts |= {width - 1, width, width + 1}
+    batches = []
+    for _, chunk_tile, _ in kernel._TILE_SHAPES:
+        longest = chunk_tile * 64
+        for n in sorted(c for c in counts if c > 0):
+            for top in (longest, longest + 1):
+                seq_lens = [rng.randint(0, top) for _ in range(n)]
+                seq_lens[rng.randrange(n)] = top  # picks the tile shape
+                batches.append(seq_lens)
+    return batches
 
 
 def prefill_step(kda_ops, seq_lens, seed, prepare=None):

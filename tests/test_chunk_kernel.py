@@ -1,5 +1,7 @@
-"""The series' device kernel (patch 0002) against the reference semantics,
-run by the Triton interpreter on CPU tensors.
+"""The series' device kernel against the reference semantics, run by the
+Triton interpreter on CPU tensors. It is imported from its source,
+src/k3rocm/kernels/kda_metadata.py (patch 0002 is generated from it;
+test_patch_sources checks that the patched tree holds the same bytes).
 
 The reference (k3rocm.chunk_reference) is itself checked against vLLM
 0.27.1's own CPU functions wherever those are right (every empty sequence at
@@ -10,13 +12,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vllm.models.kimi_k3.amd.kda_metadata import prepare_chunk_metadata_device
 from vllm.third_party.flash_linear_attention.ops.index import (
     prepare_chunk_indices,
     prepare_chunk_offsets,
 )
 
 from k3rocm.chunk_reference import cu_seqlens_of, reference_chunk_metadata
+from k3rocm.kernels.kda_metadata import prepare_chunk_metadata_device
 
 
 def device_metadata(seq_lens):

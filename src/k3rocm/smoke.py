@@ -59,8 +59,8 @@ PREFILL_KINDS = ("prefill", "mixed")
 
 # Sequence lengths of the kernel battery: what the upstream reviewers asked
 # about (empty sequences anywhere, mixed prefill/decode batches, more
-# sequences than one 128-wide tile, one prompt longer than a chunk block) and
-# chunk-boundary lengths.
+# sequences than one tile and than the kernel's narrowest prefix load of 128
+# lanes, one prompt longer than a chunk block) and chunk-boundary lengths.
 KERNEL_BATTERY: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("one token", (1,)),
     ("chunk boundaries", (63, 64, 65, 128, 129)),
