@@ -8,8 +8,8 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from k3rocm.launcher.command import build_launch, dry_run_text
-from k3rocm.launcher.settings import InvalidSettings, raw_settings, resolve
-from k3rocm.launcher.validation import check_machine
+from k3rocm.launcher.settings import raw_settings, resolve_all
+from k3rocm.launcher.validation import inspect_machine
 
 EXIT_INVALID_SETTINGS = 2
 # What a shell returns for a command it cannot find.
@@ -18,17 +18,20 @@ EXIT_NOT_FOUND = 127
 
 def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     raw, passthrough = raw_settings(argv, environ)
-    try:
-        settings = resolve(raw, passthrough)
-        api_key = check_machine(settings, environ)
-    except InvalidSettings as invalid:
-        for problem in invalid.problems:
-            print(f"serve-kimi-k3: error: {problem}", file=sys.stderr)
-        print("serve-kimi-k3: nothing started.", file=sys.stderr)
+    resolution = resolve_all(raw, passthrough)
+    settings = resolution.settings
+    # The machine is looked at even when settings are wrong, so one run
+    # reports every problem; checks building on a refused setting are skipped.
+    api_key, machine_problems = inspect_machine(settings, environ, resolution.invalid)
+    problems = [*resolution.problems, *machine_problems]
+    if problems:
+        for problem in problems:
+            _print_error(f"serve-kimi-k3: error: {problem}")
+        _print_error("serve-kimi-k3: nothing started.")
         return EXIT_INVALID_SETTINGS
     launch = build_launch(settings, environ, api_key)
     if settings.dry_run:
-        sys.stdout.write(dry_run_text(launch))
+        _write_script(dry_run_text(launch))
         return 0
     sys.stdout.flush()
     sys.stderr.flush()
@@ -37,14 +40,36 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         # Replace this process, so signals from the container runtime reach
         # vLLM itself.
         os.execvpe(argv_out[0], argv_out, launch.exec_env(environ))
-    except OSError as error:
-        print(
+    except (OSError, ValueError) as error:
+        _print_error(
             f"serve-kimi-k3: error: cannot start {argv_out[0]!r} ({error}); install "
             "vLLM there or set K3_VLLM_COMMAND (--vllm-command) to the command "
-            "that runs `vllm serve`.",
-            file=sys.stderr,
+            "that runs `vllm serve`."
         )
         return EXIT_NOT_FOUND
+
+
+def _print_error(line: str) -> None:
+    """A message on stderr, whatever it quotes: characters the stream cannot
+    encode (undecodable bytes of a path) are shown escaped."""
+    encoding = getattr(sys.stderr, "encoding", None) or "utf-8"
+    line = line.encode(encoding, "backslashreplace").decode(encoding)
+    print(line, file=sys.stderr)
+
+
+def _write_script(text: str) -> None:
+    """The dry run's script, byte for byte what was given: undecodable bytes
+    of a setting (read from the environment as surrogates) go back out as
+    the same bytes, as the exec would pass them."""
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:  # a text-only stream (tests): it takes any str
+        sys.stdout.write(text)
+        return
+    sys.stdout.flush()
+    buffer.write(
+        text.encode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
+    )
+    buffer.flush()
 
 
 if __name__ == "__main__":

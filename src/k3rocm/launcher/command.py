@@ -106,7 +106,10 @@ def _single_api_server(settings: LaunchSettings) -> bool:
     if not _serves_api(settings):
         return False
     count = _api_server_count(settings.extra_args)
-    return count is None or (count.isascii() and count.isdigit() and int(count) == 1)
+    # Compared as text: int() refuses numbers of more than 4,300 digits.
+    return count is None or (
+        count.isascii() and count.isdigit() and count.lstrip("0") == "1"
+    )
 
 
 def _api_server_count(args: tuple[str, ...]) -> str | None:

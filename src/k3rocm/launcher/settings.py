@@ -1,5 +1,4 @@
-"""The launcher's settings: environment variables (the container's interface)
-with matching command-line options, resolved into typed values.
+"""The launcher's settings resolved into typed values.
 
 An option given on the command line wins over its variable; an empty
 variable counts as unset. Every problem found is reported, not only the
@@ -8,11 +7,14 @@ first."""
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from k3rocm.launcher.layout import check_layout
+from k3rocm.launcher.owned_flags import owned_flag_problems
 from k3rocm.launcher.profiles import (
     AMD_MAX_NUM_SEQS,
     DEFAULT_FEATURES,
@@ -20,199 +22,39 @@ from k3rocm.launcher.profiles import (
     FEATURE_CONFLICTS,
     FEATURES,
     PROFILES,
-    MultiNode,
     Profile,
 )
-from k3rocm.stop_budget import (
-    DEFAULT_GRACE_SECONDS,
-    InvalidGrace,
-    StopBudget,
-    parse_grace,
+
+# The table of settings lives apart so that the checks can name settings
+# without importing this module; its names stay importable from here.
+from k3rocm.launcher.setting_table import (
+    FALSE_WORDS,
+    SETTINGS,
+    SETTINGS_BY_NAME,
+    TRUE_WORDS,
+    InvalidSettings,
+    Setting,
+    label,
+    shown,
 )
+from k3rocm.stop_budget import InvalidGrace, StopBudget, parse_grace
 
+__all__ = [
+    "SETTINGS",
+    "SETTINGS_BY_NAME",
+    "InvalidSettings",
+    "LaunchSettings",
+    "Resolution",
+    "Setting",
+    "label",
+    "raw_settings",
+    "resolve",
+    "resolve_all",
+]
 
-@dataclass(frozen=True)
-class Setting:
-    name: str
-    env: str
-    option: str
-    default: str
-    meaning: str
-    takes_value: bool = True
-
-
-SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        "model",
-        "K3_MODEL",
-        "--model",
-        "moonshotai/Kimi-K3",
-        "Local checkpoint directory (must hold config.json) or Hugging Face "
-        "model id. Values starting with `/`, `.` or `~`, and values naming an "
-        "existing directory, are paths.",
-    ),
-    Setting(
-        "served_model_name",
-        "K3_SERVED_MODEL_NAME",
-        "--served-model-name",
-        "kimi-k3",
-        "Model name clients put in requests.",
-    ),
-    Setting(
-        "profile",
-        "K3_PROFILE",
-        "--profile",
-        DEFAULT_PROFILE,
-        "Parallel layout: " + ", ".join(PROFILES) + ".",
-    ),
-    Setting(
-        "features",
-        "K3_FEATURES",
-        "--features",
-        ",".join(DEFAULT_FEATURES) + " (cpu-dev: none)",
-        "Comma-separated complete list of features: "
-        + ", ".join(FEATURES)
-        + "; `none` for no features.",
-    ),
-    Setting(
-        "max_model_len",
-        "K3_MAX_MODEL_LEN",
-        "--max-model-len",
-        "the model's",
-        "Longest prompt plus output, in tokens.",
-    ),
-    Setting(
-        "max_num_seqs",
-        "K3_MAX_NUM_SEQS",
-        "--max-num-seqs",
-        f"{AMD_MAX_NUM_SEQS} (cpu-dev: vLLM's)",
-        "Most sequences running at once (per engine).",
-    ),
-    Setting("host", "K3_HOST", "--host", "0.0.0.0", "Address the API listens on."),
-    Setting("port", "K3_PORT", "--port", "8000", "Port the API listens on."),
-    Setting(
-        "api_key_file",
-        "K3_API_KEY_FILE",
-        "--api-key-file",
-        "none (no key)",
-        "File holding the API key; must not be world-readable. The key reaches "
-        "vLLM as VLLM_API_KEY, never on the command line.",
-    ),
-    Setting(
-        "extra_args",
-        "K3_EXTRA_ARGS",
-        "--extra-args",
-        "none",
-        "More vLLM flags, split like a shell would, added last (they override "
-        "the recipe's). Arguments after `--` on the command line are added "
-        "after these.",
-    ),
-    Setting(
-        "num_nodes",
-        "K3_NUM_NODES",
-        "--num-nodes",
-        "GPUs of the profile / 8",
-        "Nodes the deployment spans (multi-node profiles).",
-    ),
-    Setting(
-        "node_rank",
-        "K3_NODE_RANK",
-        "--node-rank",
-        "none",
-        "This node's index, 0 to nodes - 1; required by tep16 and dep16.",
-    ),
-    Setting(
-        "master_addr",
-        "K3_MASTER_ADDR",
-        "--master-addr",
-        "none",
-        "Address of node 0, reachable from every node; required by tep16 and dep16.",
-    ),
-    Setting(
-        "master_port",
-        "K3_MASTER_PORT",
-        "--master-port",
-        "29501",
-        "Port on node 0 the nodes meet on (tep16, dep16).",
-    ),
-    Setting(
-        "gpu_count",
-        "K3_GPU_COUNT",
-        "--gpu-count",
-        "counted",
-        "GPUs visible on this node; by default the `renderD*` devices in "
-        "K3_DRI_DIR are counted.",
-    ),
-    Setting(
-        "dri_dir",
-        "K3_DRI_DIR",
-        "--dri-dir",
-        "/dev/dri",
-        "Where GPU render devices are counted.",
-    ),
-    Setting(
-        "vllm_command",
-        "K3_VLLM_COMMAND",
-        "--vllm-command",
-        "vllm serve (cpu-dev: this Python's `-m vllm.entrypoints.openai."
-        "api_server --model`)",
-        "Command that runs `vllm serve`, split like a shell would; the model "
-        "follows it.",
-    ),
-    Setting(
-        "stop_grace_seconds",
-        "K3_STOP_GRACE_SECONDS",
-        "--stop-grace-seconds",
-        str(DEFAULT_GRACE_SECONDS),
-        "Docker's stop timeout for the container (compose's stop_grace_period); "
-        "the drain, vLLM's --shutdown-timeout and supervisord's waits are derived "
-        "from it.",
-    ),
-    Setting(
-        "dry_run",
-        "K3_DRY_RUN",
-        "--dry-run",
-        "0",
-        "Print the command and environment, one per line, and exit 0.",
-        takes_value=False,
-    ),
-)
-SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
-
-# Flags the launcher manages through its own settings; in extra arguments
-# they would silently undo what validation checked.
-MANAGED_FLAGS = {
-    "--model": "model",
-    "--served-model-name": "served_model_name",
-    "--host": "host",
-    "--port": "port",
-    "--max-model-len": "max_model_len",
-    "--max-num-seqs": "max_num_seqs",
-    "--tensor-parallel-size": "profile",
-    "-tp": "profile",
-    "--data-parallel-size": "profile",
-    "-dp": "profile",
-    "--nnodes": "num_nodes",
-    "-n": "num_nodes",
-    "--node-rank": "node_rank",
-    "-r": "node_rank",
-    "--master-addr": "master_addr",
-    "--master-port": "master_port",
-    "--headless": "node_rank",
-    "--api-key": "api_key_file",
-    "--shutdown-timeout": "stop_grace_seconds",
-}
-
-TRUE_WORDS = ("1", "true", "yes", "on")
-FALSE_WORDS = ("0", "false", "no", "off")
-
-
-class InvalidSettings(Exception):
-    """Settings that must not reach vLLM; each message says how to fix it."""
-
-    def __init__(self, problems: Sequence[str]):
-        super().__init__("\n".join(problems))
-        self.problems = tuple(problems)
+# More digits than any setting's number needs; Python refuses to convert
+# numbers of more than 4,300 digits at all.
+MAX_DIGITS = 18
 
 
 @dataclass(frozen=True)
@@ -236,11 +78,6 @@ class LaunchSettings:
     vllm_command: tuple[str, ...] | None
     stop_budget: StopBudget
     dry_run: bool
-
-
-def label(name: str) -> str:
-    setting = SETTINGS_BY_NAME[name]
-    return f"{setting.env} ({setting.option})"
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -292,14 +129,54 @@ def raw_settings(
     return raw, tuple(options.passthrough)
 
 
+@dataclass(frozen=True)
+class Resolution:
+    """Settings as far as they could be read, and what is wrong with them."""
+
+    settings: LaunchSettings
+    problems: tuple[str, ...]
+    # Settings whose value was refused (a stand-in took their place): checks
+    # that build on them would only add confusing follow-up problems.
+    invalid: frozenset[str]
+
+
 class _Resolver:
     def __init__(self, raw: Mapping[str, str | None]):
         self.raw = raw
         self.problems: list[str] = []
+        self.invalid: set[str] = set()
+        self._texts: dict[str, str | None] = {}
+
+    def refuse(self, name: str, problem: str) -> None:
+        self.invalid.add(name)
+        self.problems.append(problem)
 
     def text(self, name: str) -> str | None:
+        """The value without surrounding whitespace; None when unset or
+        refused (a NUL byte, only whitespace), reported once."""
+        if name not in self._texts:
+            self._texts[name] = self._checked_text(name)
+        return self._texts[name]
+
+    def _checked_text(self, name: str) -> str | None:
         value = self.raw[name]
-        return value.strip() if value is not None else None
+        if value is None:
+            return None
+        if "\0" in value:
+            self.refuse(
+                name,
+                f"{label(name)} contains a NUL byte, which no command line or "
+                "environment can carry; remove it.",
+            )
+            return None
+        if not value.strip():
+            self.refuse(
+                name,
+                f"{label(name)} is {shown(value)}, only whitespace; set a value, "
+                "or unset it (or leave it empty) for the default.",
+            )
+            return None
+        return value.strip()
 
     def integer(
         self, name: str, minimum: int, maximum: int | None = None
@@ -308,13 +185,16 @@ class _Resolver:
         if text is None:
             return None
         bounds = f"from {minimum} to {maximum}" if maximum else f"{minimum} or more"
-        if not (text.isascii() and text.isdigit()) or not (
-            minimum <= int(text) <= (maximum or int(text))
+        if (
+            not (text.isascii() and text.isdigit())
+            or len(text) > MAX_DIGITS
+            or not (minimum <= int(text) <= (maximum or int(text)))
         ):
-            self.problems.append(
-                f"{label(name)} is {text!r}, not a whole number {bounds}; set it "
-                f"to one, e.g. {SETTINGS_BY_NAME[name].option} "
-                f"{self._example(name, minimum)}."
+            self.refuse(
+                name,
+                f"{label(name)} is {shown(text)}, not a whole number {bounds}; set "
+                f"it to one, e.g. {SETTINGS_BY_NAME[name].option} "
+                f"{self._example(name, minimum)}.",
             )
             return None
         return int(text)
@@ -324,15 +204,16 @@ class _Resolver:
         return default if default.isdigit() else str(max(minimum, 1))
 
     def split(self, name: str) -> tuple[str, ...]:
-        text = self.raw[name]
+        text = self.text(name)
         if text is None:
             return ()
         try:
             return tuple(shlex.split(text))
         except ValueError as error:
-            self.problems.append(
+            self.refuse(
+                name,
                 f"{label(name)} cannot be split like a shell command line "
-                f"({error}): {text!r}; balance its quotes."
+                f"({error}): {shown(text)}; balance its quotes.",
             )
             return ()
 
@@ -341,11 +222,30 @@ class _Resolver:
         if text in TRUE_WORDS:
             return True
         if text not in FALSE_WORDS:
-            self.problems.append(
-                f"{label(name)} is {text!r}; set it to 1 or 0 (also accepted: "
-                f"{', '.join(TRUE_WORDS[1:])} / {', '.join(FALSE_WORDS[1:])})."
+            self.refuse(
+                name,
+                f"{label(name)} is {shown(text)}; set it to 1 or 0 (also accepted: "
+                f"{', '.join(TRUE_WORDS[1:])} / {', '.join(FALSE_WORDS[1:])}).",
             )
         return False
+
+    def path(self, name: str) -> str | None:
+        """The value with a leading ~ or ~user expanded, as a shell would
+        (vLLM gets no shell to do it)."""
+        text = self.text(name)
+        if text is None or not text.startswith("~"):
+            return text
+        expanded = os.path.expanduser(text)
+        if expanded.startswith("~"):
+            user = text[1:].split("/", 1)[0]
+            self.refuse(
+                name,
+                f"{label(name)} is {shown(text)}, but this node has no home "
+                f"directory for {shown(user or os.environ.get('USER', ''))}; write "
+                "the path out in full.",
+            )
+            return None
+        return expanded
 
 
 def resolve(
@@ -353,35 +253,62 @@ def resolve(
 ) -> LaunchSettings:
     """Typed settings, checking everything that needs no look at this machine;
     raises InvalidSettings listing every problem."""
+    resolution = resolve_all(raw, passthrough)
+    if resolution.problems:
+        raise InvalidSettings(resolution.problems)
+    return resolution.settings
+
+
+def resolve_all(
+    raw: Mapping[str, str | None], passthrough: Sequence[str] = ()
+) -> Resolution:
+    """Typed settings with every problem that needs no look at this machine;
+    a refused value is replaced by its default, so later checks can go on."""
     resolver = _Resolver(raw)
     problems = resolver.problems
 
     profile_name = resolver.text("profile") or DEFAULT_PROFILE
     profile = PROFILES.get(profile_name)
     if profile is None:
-        problems.append(
-            f"{label('profile')} is {profile_name!r}, which is not a profile; "
-            f"use one of: {', '.join(PROFILES)}."
+        resolver.refuse(
+            "profile",
+            f"{label('profile')} is {shown(profile_name)}, which is not a profile; "
+            f"use one of: {', '.join(PROFILES)}.",
         )
 
     features = _features(resolver, profile)
     extra_args = resolver.split("extra_args") + tuple(passthrough)
-    _check_extra_args(extra_args, problems)
+    problems += owned_flag_problems(extra_args)
 
     num_nodes = resolver.integer("num_nodes", 1)
     node_rank = resolver.integer("node_rank", 0)
     master_addr = resolver.text("master_addr")
+    master_port = resolver.integer("master_port", 1, 65535)
     if profile is not None:
-        num_nodes = _check_nodes(profile, num_nodes, node_rank, master_addr, problems)
+        num_nodes = check_layout(
+            profile,
+            {
+                name
+                for name in ("num_nodes", "node_rank", "master_addr", "master_port")
+                if raw[name] is not None
+            },
+            num_nodes,
+            node_rank,
+            master_addr,
+            problems,
+        )
 
     vllm_command = resolver.split("vllm_command") or None
     try:
         stop_budget = parse_grace(resolver.text("stop_grace_seconds"))
     except InvalidGrace as error:
-        problems.append(f"{error} ({label('stop_grace_seconds')})")
+        resolver.refuse(
+            "stop_grace_seconds", f"{error} ({label('stop_grace_seconds')})"
+        )
         stop_budget = parse_grace(None)
+    api_key_file = resolver.path("api_key_file")
     settings = LaunchSettings(
-        model=resolver.text("model") or SETTINGS_BY_NAME["model"].default,
+        model=resolver.path("model") or SETTINGS_BY_NAME["model"].default,
         served_model_name=resolver.text("served_model_name")
         or SETTINGS_BY_NAME["served_model_name"].default,
         profile=profile or PROFILES[DEFAULT_PROFILE],
@@ -391,40 +318,49 @@ def resolve(
         or (AMD_MAX_NUM_SEQS if profile and profile.kimi_on_rocm else None),
         host=resolver.text("host") or SETTINGS_BY_NAME["host"].default,
         port=resolver.integer("port", 1, 65535) or 8000,
-        api_key_file=_path(resolver.text("api_key_file")),
+        api_key_file=Path(api_key_file) if api_key_file is not None else None,
         extra_args=extra_args,
         num_nodes=num_nodes or 1,
         node_rank=node_rank,
         master_addr=master_addr,
-        master_port=resolver.integer("master_port", 1, 65535) or 29501,
+        master_port=master_port or 29501,
         gpu_count=resolver.integer("gpu_count", 0),
-        dri_dir=Path(resolver.text("dri_dir") or SETTINGS_BY_NAME["dri_dir"].default),
+        dri_dir=Path(resolver.path("dri_dir") or SETTINGS_BY_NAME["dri_dir"].default),
         vllm_command=vllm_command,
         stop_budget=stop_budget,
         dry_run=resolver.boolean("dry_run"),
     )
-    if problems:
-        raise InvalidSettings(problems)
-    return settings
-
-
-def _path(text: str | None) -> Path | None:
-    return Path(text).expanduser() if text is not None else None
+    return Resolution(settings, tuple(problems), frozenset(resolver.invalid))
 
 
 def _features(resolver: _Resolver, profile: Profile | None) -> tuple[str, ...]:
     text = resolver.text("features")
     if text is None:
+        if "features" in resolver.invalid:
+            return ()
         return DEFAULT_FEATURES if profile is None or profile.kimi_on_rocm else ()
     names = {name.strip() for name in text.split(",") if name.strip()}
+    if not names:
+        resolver.refuse(
+            "features",
+            f"{label('features')} is {shown(text)}, which names no feature; list "
+            f"features separated by commas, or `none` for no features.",
+        )
+        return ()
     if names == {"none"}:
         return ()
     problems = resolver.problems
-    unknown = sorted(names - FEATURES.keys())
+    if "none" in names:
+        problems.append(
+            f"{label('features')} is {shown(text)}: `none` cannot go with other "
+            "features; drop `none`, or the others."
+        )
+    unknown = sorted(names - FEATURES.keys() - {"none"})
     if unknown:
         problems.append(
-            f"{label('features')} names unknown feature(s) {', '.join(unknown)}; "
-            f"use a comma-separated list of: {', '.join(FEATURES)} (or none)."
+            f"{label('features')} names unknown feature(s) "
+            f"{', '.join(_feature_name(name) for name in unknown)}; use a "
+            f"comma-separated list of: {', '.join(FEATURES)} (or none)."
         )
     for pair, reason in FEATURE_CONFLICTS.items():
         if pair <= names:
@@ -435,84 +371,18 @@ def _features(resolver: _Resolver, profile: Profile | None) -> tuple[str, ...]:
             )
     if names and profile is not None and not profile.kimi_on_rocm:
         problems.append(
-            f"{label('features')} is {text!r}, but profile {profile.name} builds a "
-            "plain vLLM command without Kimi-K3 features; unset it, or put the "
-            f"vLLM flags you want in {label('extra_args')}."
+            f"{label('features')} is {shown(text)}, but profile {profile.name} "
+            "builds a plain vLLM command without Kimi-K3 features; unset it, or "
+            f"put the vLLM flags you want in {label('extra_args')}."
         )
     # Canonical order, so the same set always gives the same command.
     return tuple(name for name in FEATURES if name in names)
 
 
-def _check_extra_args(extra_args: Sequence[str], problems: list[str]) -> None:
-    for arg in extra_args:
-        # vLLM reads --some_flag as --some-flag, and --flag=value as --flag.
-        flag = arg.split("=", 1)[0]
-        if flag.startswith("--"):
-            flag = "--" + flag[2:].replace("_", "-")
-        owner = MANAGED_FLAGS.get(flag)
-        if owner is None:
-            continue
-        if owner == "api_key_file":
-            problems.append(
-                f"{label('extra_args')} passes {flag}, which would put the API key "
-                "on the command line where every process can read it; put the key "
-                f"in a file and set {label('api_key_file')}."
-            )
-        else:
-            problems.append(
-                f"{label('extra_args')} passes {flag}, which the launcher sets "
-                f"itself; remove it and set {label(owner)} instead."
-            )
-
-
-def _check_nodes(
-    profile: Profile,
-    num_nodes: int | None,
-    node_rank: int | None,
-    master_addr: str | None,
-    problems: list[str],
-) -> int:
-    nodes = num_nodes or profile.default_num_nodes
-    if profile.multi_node is MultiNode.NONE:
-        if nodes != 1:
-            problems.append(
-                f"{label('num_nodes')} is {nodes}, but profile {profile.name} runs "
-                "on one node; unset it, or pick a multi-node profile "
-                "(tep16, dep16, tep16-ray, dep16-ray)."
-            )
-        return 1
-    if nodes < 2 or profile.world_size % nodes:
-        problems.append(
-            f"{label('num_nodes')} is {nodes}, but profile {profile.name} spreads "
-            f"{profile.world_size} GPUs over 2 or more nodes with the same number "
-            f"on each; set it to a divisor of {profile.world_size} above 1, "
-            f"normally {profile.default_num_nodes}."
-        )
-        return nodes
-    if profile.multi_node is MultiNode.RAY:
-        if node_rank:
-            problems.append(
-                f"{label('node_rank')} is {node_rank}, but profile {profile.name} "
-                "starts vLLM on the Ray head node only; on the other nodes run "
-                "`ray start --address=HEAD_ADDRESS:6379 --block` instead of the "
-                "launcher, and here unset the node rank."
-            )
-        return nodes
-    if node_rank is None:
-        problems.append(
-            f"{label('node_rank')} is not set, but profile {profile.name} runs "
-            f"the same command on {nodes} nodes; set it to 0 on the node that "
-            f"serves the API and 1 to {nodes - 1} on the others."
-        )
-    elif node_rank >= nodes:
-        problems.append(
-            f"{label('node_rank')} is {node_rank}, but there are only {nodes} nodes "
-            f"({label('num_nodes')}); set it to 0 to {nodes - 1}."
-        )
-    if master_addr is None:
-        problems.append(
-            f"{label('master_addr')} is not set, but profile {profile.name} needs "
-            "the address of node 0 on every node; set it to an address of node 0 "
-            "that all nodes can reach (the same value everywhere)."
-        )
-    return nodes
+def _feature_name(name: str) -> str:
+    """A plain name as it is; anything odd quoted and shortened."""
+    return (
+        name
+        if name.isascii() and name.isprintable() and len(name) < 40
+        else (shown(name))
+    )

@@ -3,30 +3,74 @@ the GPUs visible here and the inherited environment."""
 
 from __future__ import annotations
 
+import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Set
 from pathlib import Path
+from typing import TypeVar
 
 from k3rocm.launcher.profiles import REQUIRED_AMD_ENV
-from k3rocm.launcher.settings import InvalidSettings, LaunchSettings, label
+from k3rocm.launcher.settings import InvalidSettings, LaunchSettings, label, shown
 
 # A Hugging Face model id: a name, optionally under an owner.
 MODEL_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+# Far beyond any API key; a larger file is something else.
+MAX_KEY_FILE_BYTES = 64 * 1024
+# Settings the GPU count check builds on.
+GPU_CHECK_INPUTS = frozenset({"profile", "num_nodes", "gpu_count", "dri_dir"})
+
+T = TypeVar("T")
+
+
+class _Unexaminable(Exception):
+    """A path this user cannot look at; the problem is already reported."""
 
 
 def check_machine(settings: LaunchSettings, environ: Mapping[str, str]) -> str | None:
     """Return the API key (None without a key file); raise InvalidSettings
     listing every problem found."""
-    problems: list[str] = []
-    _check_model(settings.model, problems)
-    api_key = _read_api_key(settings.api_key_file, problems)
-    if settings.profile.kimi_on_rocm:
-        _check_gpus(settings, problems)
-        _check_inherited_env(environ, problems)
+    api_key, problems = inspect_machine(settings, environ)
     if problems:
         raise InvalidSettings(problems)
     return api_key
+
+
+def inspect_machine(
+    settings: LaunchSettings,
+    environ: Mapping[str, str],
+    invalid: Set[str] = frozenset(),
+) -> tuple[str | None, list[str]]:
+    """The API key (None without a key file) and every problem found; checks
+    building on a setting in invalid (already reported) are left out."""
+    problems: list[str] = []
+    if "model" not in invalid:
+        _check_model(settings.model, problems)
+    api_key = None
+    if "api_key_file" not in invalid:
+        api_key = _read_api_key(settings.api_key_file, problems)
+    if settings.profile.kimi_on_rocm and "profile" not in invalid:
+        if not GPU_CHECK_INPUTS & invalid:
+            _check_gpus(settings, problems)
+        _check_inherited_env(environ, problems)
+    return api_key, problems
+
+
+def _examine(
+    name: str, path: str | Path, look: Callable[[], T], problems: list[str]
+) -> T:
+    """look() at path, turning what the file system refuses (no permission,
+    a name too long, ...) into a problem for setting name."""
+    try:
+        return look()
+    except (OSError, ValueError) as error:
+        reason = os.strerror(error.errno) if getattr(error, "errno", None) else error
+        problems.append(
+            f"{label(name)} is {shown(str(path))}, which cannot be examined on this "
+            f"node ({reason}); make every directory on the way enterable (and the "
+            "file readable) for this user, or point the setting elsewhere."
+        )
+        raise _Unexaminable from error
 
 
 def is_local_path(model: str) -> bool:
@@ -36,57 +80,90 @@ def is_local_path(model: str) -> bool:
 
 
 def _check_model(model: str, problems: list[str]) -> None:
-    if not is_local_path(model):
+    try:
+        _check_model_path(model, problems)
+    except _Unexaminable:
+        pass
+
+
+def _check_model_path(model: str, problems: list[str]) -> None:
+    if not _examine("model", model, lambda: is_local_path(model), problems):
         if not MODEL_ID.fullmatch(model):
             problems.append(
-                f"{label('model')} is {model!r}: no such directory, and not a "
+                f"{label('model')} is {shown(model)}: no such directory, and not a "
                 "Hugging Face model id (OWNER/NAME); set it to the checkpoint "
                 "directory or a model id such as moonshotai/Kimi-K3."
             )
         return
-    directory = Path(model).expanduser()
-    if not directory.is_dir():
+    directory = Path(model)
+    if not _examine("model", model, directory.is_dir, problems):
         problems.append(
-            f"{label('model')} is {model!r}, which does not exist (or is not a "
-            "directory) on this node; mount the checkpoint there or point the "
+            f"{label('model')} is {shown(model)}, which does not exist (or is not "
+            "a directory) on this node; mount the checkpoint there or point the "
             "setting at its directory."
         )
-    elif not (directory / "config.json").is_file():
+    elif not _examine("model", model, (directory / "config.json").is_file, problems):
         problems.append(
-            f"{label('model')} is {model!r}, which has no config.json; point it at "
-            "the checkpoint's top directory (the one holding config.json and the "
-            "weights)."
+            f"{label('model')} is {shown(model)}, which has no config.json; point "
+            "it at the checkpoint's top directory (the one holding config.json "
+            "and the weights)."
         )
 
 
 def _read_api_key(path: Path | None, problems: list[str]) -> str | None:
     if path is None:
         return None
+    try:
+        return _checked_api_key(path, problems)
+    except _Unexaminable:
+        return None
+
+
+def _checked_api_key(path: Path, problems: list[str]) -> str | None:
+    name = "api_key_file"
     fix = f"create it with the key as its only content and `chmod 600 {path}`"
-    if not path.is_file():
+    if not _examine(name, path, path.is_file, problems):
         problems.append(
-            f"{label('api_key_file')} is {str(path)!r}, which is not an existing "
+            f"{label(name)} is {shown(str(path))}, which is not an existing "
             f"file; {fix}, or unset the setting to serve without a key."
         )
         return None
-    if path.stat().st_mode & stat.S_IROTH:
+    if _examine(name, path, path.stat, problems).st_mode & stat.S_IROTH:
         problems.append(
-            f"{label('api_key_file')} {str(path)!r} is readable by every user; "
+            f"{label(name)} {shown(str(path))} is readable by every user; "
             f"restrict it: `chmod o-rwx {path}` (or `chmod 600 {path}`)."
         )
         return None
     try:
-        key = path.read_text().strip()
-    except (OSError, UnicodeDecodeError) as error:
+        with path.open("rb") as file:
+            data = file.read(MAX_KEY_FILE_BYTES + 1)
+        if len(data) > MAX_KEY_FILE_BYTES:
+            raise ValueError(f"more than {MAX_KEY_FILE_BYTES} bytes")
+        key = data.decode().strip()
+    except (OSError, ValueError) as error:  # UnicodeDecodeError included
+        # Say why without quoting the content: it may be the key.
+        reason = (
+            os.strerror(error.errno)
+            if getattr(error, "errno", None)
+            else ("not UTF-8 text" if isinstance(error, UnicodeDecodeError) else error)
+        )
         problems.append(
-            f"{label('api_key_file')} {str(path)!r} cannot be read as text "
-            f"({error}); {fix}."
+            f"{label(name)} {shown(str(path))} cannot be read as text "
+            f"({reason}); {fix}."
         )
         return None
     if not key or any(char.isspace() for char in key):
         problems.append(
-            f"{label('api_key_file')} {str(path)!r} must hold exactly one key "
+            f"{label(name)} {shown(str(path))} must hold exactly one key "
             f"without spaces; {fix}."
+        )
+        return None
+    if not key.isprintable():
+        # A NUL byte cannot go into VLLM_API_KEY; other control characters
+        # would make a key no client can type.
+        problems.append(
+            f"{label(name)} {shown(str(path))} holds a control character (a "
+            f"NUL byte, for example) in its key; {fix}."
         )
         return None
     return key
@@ -103,8 +180,14 @@ def _check_gpus(settings: LaunchSettings, problems: list[str]) -> None:
     if settings.gpu_count is not None:
         visible, source = settings.gpu_count, f"set by {label('gpu_count')}"
     else:
-        visible = count_render_devices(settings.dri_dir)
-        source = f"renderD* devices in {settings.dri_dir}"
+        dri_dir = settings.dri_dir
+        try:
+            visible = _examine(
+                "dri_dir", dri_dir, lambda: count_render_devices(dri_dir), problems
+            )
+        except _Unexaminable:
+            return
+        source = f"renderD* devices in {dri_dir}"
     if visible >= needed:
         return
     layout = (
@@ -124,6 +207,6 @@ def _check_inherited_env(environ: Mapping[str, str], problems: list[str]) -> Non
         value = environ.get(name) or None  # compose passes unset as empty
         if value is not None and value != required:
             problems.append(
-                f"{name} is {value!r} in the environment, but Kimi-K3 on ROCm "
+                f"{name} is {shown(value)} in the environment, but Kimi-K3 on ROCm "
                 f"requires {name}={required}; unset it."
             )
