@@ -642,3 +642,26 @@ def test_setting_the_profile_does_not_use_is_refused(node, capsys, case):
     settings, fragment = UNUSED_SETTINGS[case]
     code, out, err = run_in_process(capsys, node.env(K3_GPU_COUNT="16", **settings))
     assert_refused_cleanly(code, out, err, fragment)
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "owner"),
+    [
+        (["--api-ke", API_KEY], "K3_API_KEY_FILE"),
+        (["--tensor_parallel=2"], "K3_PROFILE"),
+        (["--head"], "K3_NODE_RANK"),
+        (["-tp", "2"], "K3_PROFILE"),
+    ],
+)
+def test_without_vllm_owned_flags_are_refused_by_name_and_prefix(
+    monkeypatch, extra_args, owner
+):
+    # Where vLLM cannot be imported, the launcher falls back to the names
+    # and prefixes of the flags it owns.
+    from k3rocm.launcher import owned_flags
+
+    monkeypatch.setattr(owned_flags, "_vllm_parser", lambda: None)
+    problems = owned_flags.owned_flag_problems(extra_args)
+    assert any(f"set {owner} (" in problem for problem in problems), problems
+    assert not any(API_KEY in problem for problem in problems)
+    assert owned_flags.owned_flag_problems(["--enable-prefix-caching"]) == []
