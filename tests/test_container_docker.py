@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -220,8 +221,12 @@ def test_a_crash_looping_vllm_exits_3(image, model):
     )
     try:
         assert container.wait_exit(300) == 3
-        # One line with the reason; an exit during start counts as a death too.
-        assert "container stopped: vLLM died 2 times" in container.logs()
+        # One line with the reason: a failed start or deaths, depending on how
+        # long vLLM takes to reach its argument check here.
+        assert re.search(
+            r"container stopped: vLLM (failed to start|died 2 times).*\(exit 3\)",
+            container.logs(),
+        )
         assert "unrecognized arguments: --no-such-flag" in container.logs()
     finally:
         container.remove()

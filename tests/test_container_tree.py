@@ -142,7 +142,7 @@ def test_vllm_dying_repeatedly_exits_3(container):
         K3_VLLM_START_SECONDS="1",
         K3_VLLM_MAX_RESTARTS="2",
         # A vLLM still importing may not act on SIGTERM; don't wait long.
-        K3_STOP_GRACE_SECONDS="5",
+        K3_STOP_GRACE_SECONDS="20",
     )
     killed: list[int] = []
     while tree.process.poll() is None and len(killed) < 3:
@@ -152,7 +152,7 @@ def test_vllm_dying_repeatedly_exits_3(container):
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
     assert tree.wait_exit(60) == EXIT_VLLM
-    assert "vLLM died; restart 2 of 2" in tree.log
+    assert "vLLM exited unasked; restart 2 of 2" in tree.log
     assert "stopping the container: vLLM died 3 times" in tree.log
     assert session_processes(tree.process.pid) == []
 
@@ -163,5 +163,18 @@ def test_vllm_failing_at_start_is_fatal_and_exits_3(container):
     tree = container(K3_PROFILE="no-such-profile", K3_VLLM_MAX_RESTARTS="1")
     assert tree.wait_exit(120) == EXIT_VLLM
     assert "serve-kimi-k3: error" in tree.log
-    assert "gave up: vllm entered FATAL state" in tree.log
-    assert "stopping the container: vLLM failed to start" in tree.log
+    # Within K3_VLLM_START_SECONDS supervisord gives up (FATAL); a launcher
+    # slower than that (it imports vLLM's parser for K3_EXTRA_ARGS) is a
+    # running vLLM dying, counted by the guard. Exit 3 either way.
+    assert re.search(
+        r"stopping the container: vLLM (failed to start|died 2 times)", tree.log
+    )
+
+
+def test_a_killed_supervisord_gives_exit_137_and_says_so(container):
+    tree = container()
+    pid_file = tree.run_dir / "supervisord.pid"
+    tree.wait_for("supervisord", pid_file.is_file, 60)
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert tree.wait_exit(60) == 128 + signal.SIGKILL
+    assert "supervisord was killed by signal 9; exiting with 137" in tree.log

@@ -110,6 +110,12 @@ def test_guard_counts_a_vllm_exit_with_status_0(tmp_path):
     assert guard.judge("PROCESS_STATE_EXITED", "vllm", expected=True)[0] == EXIT_VLLM
 
 
+def test_a_vllm_failing_while_starting_is_left_to_supervisords_retries(tmp_path):
+    guard = Guard(max_restarts=0, deaths_file=tmp_path / "vllm-deaths")
+    assert guard.judge("PROCESS_STATE_EXITED", "vllm", False, "STARTING") is None
+    assert guard.vllm_deaths == 0
+
+
 def test_a_restarted_guard_keeps_the_death_count(tmp_path):
     deaths = tmp_path / "vllm-deaths"
     Guard(max_restarts=1, deaths_file=deaths).judge(

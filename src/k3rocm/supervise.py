@@ -251,7 +251,9 @@ class Guard:
         os.replace(tmp, self.deaths_file)
         return deaths
 
-    def judge(self, event: str, process: str, expected: bool) -> tuple[int, str] | None:
+    def judge(
+        self, event: str, process: str, expected: bool, from_state: str = "RUNNING"
+    ) -> tuple[int, str] | None:
         """(exit code, reason) when the container must stop, else None."""
         if process == "vllm" and event == "PROCESS_STATE_FATAL":
             return EXIT_VLLM, (
@@ -259,9 +261,14 @@ class Guard:
                 f"{self.max_restarts + 1} times in a row)"
             )
         # A stop that supervisord was asked for ends in STOPPED, never EXITED:
-        # every EXITED of vLLM is a death, whatever its status (an engine
-        # death can end in a clean exit of the API server).
-        if process == "vllm" and event == "PROCESS_STATE_EXITED":
+        # every EXITED of a running vLLM is a death, whatever its status (an
+        # engine death can end in a clean exit of the API server). Exits while
+        # STARTING are failed starts: supervisord retries them, then FATAL.
+        if (
+            process == "vllm"
+            and event == "PROCESS_STATE_EXITED"
+            and from_state == "RUNNING"
+        ):
             deaths = self._count_death()
             if deaths > self.max_restarts:
                 return EXIT_VLLM, (
@@ -300,7 +307,10 @@ def listen() -> int:
         headers, payload = childutils.listener.wait(sys.stdin, sys.stdout)
         body = childutils.get_headers(payload.split("\n", 1)[0])
         verdict = guard.judge(
-            headers["eventname"], body["processname"], body.get("expected") == "1"
+            headers["eventname"],
+            body["processname"],
+            body.get("expected") == "1",
+            body.get("from_state", "RUNNING"),
         )
         if verdict and not reason_file.exists():
             code, reason = verdict

@@ -1,0 +1,144 @@
+"""The drain middleware (k3rocm.drain) driven through the ASGI interface with
+a streaming app, and the stop budget's derivation; the container-level drain
+(`docker stop` with streams in flight) is in test_container_docker.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import REGISTRY
+
+from k3rocm import drain
+from k3rocm.stop_budget import (
+    MAX_GRACE_SECONDS,
+    MIN_GRACE_SECONDS,
+    InvalidGrace,
+    StopBudget,
+    parse_grace,
+)
+
+CHUNKS = 5
+
+
+async def streaming_app(scope, receive, send):
+    """Like vLLM's streaming completions: an event stream, one event per token."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
+        }
+    )
+    for index in range(CHUNKS):
+        await asyncio.sleep(0.02)
+        body = f"data: {json.dumps({'choices': [{'text': str(index)}]})}\n\n"
+        await send(
+            {"type": "http.response.body", "body": body.encode(), "more_body": True}
+        )
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+def call(middleware, path: str = "/v1/completions", on_body=None) -> dict:
+    """One request through the middleware; the status and the body sent."""
+    sent: dict = {"status": None, "body": b"", "headers": {}}
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            sent["status"] = message["status"]
+            sent["headers"] = dict(message.get("headers", []))
+        else:
+            sent["body"] += message.get("body", b"")
+            if on_body:
+                on_body(sent)
+
+    asyncio.run(middleware({"type": "http", "path": path}, receive, send))
+    return sent
+
+
+@pytest.fixture
+def middleware(tmp_path, monkeypatch):
+    monkeypatch.setenv("K3_RUN_DIR", str(tmp_path))
+    monkeypatch.setattr(drain, "DEADLINE_POLL_SECONDS", 0)
+    return drain.DrainMiddleware(streaming_app)
+
+
+def in_flight() -> float:
+    return REGISTRY.get_sample_value(drain.IN_FLIGHT_METRIC)
+
+
+def test_requests_pass_untouched_and_are_counted_while_running(middleware):
+    seen = []
+    sent = call(middleware, on_body=lambda _: seen.append(in_flight()))
+    assert sent["status"] == 200
+    assert sent["body"].count(b"data: ") == CHUNKS + 1
+    assert seen and min(seen) >= 1
+    assert in_flight() == 0
+
+
+def test_new_requests_get_503_once_draining_but_metrics_stay_open(middleware, tmp_path):
+    drain.write_drain_mark(tmp_path, time.time() + 60)
+    refused = call(middleware)
+    assert refused["status"] == 503
+    assert refused["headers"][b"retry-after"] == b"30"
+    assert "draining" in json.loads(refused["body"])["error"]["message"]
+    assert call(middleware, path="/health")["status"] == 503
+    assert call(middleware, path="/metrics")["status"] == 200
+
+
+def test_a_stream_accepted_before_the_drain_finishes(middleware, tmp_path):
+    def start_draining(sent):
+        if sent["body"].count(b"data: ") == 1:
+            drain.write_drain_mark(tmp_path, time.time() + 60)
+
+    sent = call(middleware, on_body=start_draining)
+    assert sent["body"].count(b"data: ") == CHUNKS + 1
+    assert b"error" not in sent["body"]
+
+
+def test_a_stream_past_the_deadline_ends_with_an_error_event(middleware, tmp_path):
+    def deadline_passes(sent):
+        if sent["body"].count(b"data: ") == 2:
+            drain.write_drain_mark(tmp_path, time.time() - 1)
+
+    sent = call(middleware, on_body=deadline_passes)
+    events = [e for e in sent["body"].decode().split("\n\n") if e]
+    assert len(events) == 4  # two tokens, the error, [DONE]; nothing after
+    assert "drain time" in json.loads(events[2][len("data: ") :])["error"]["message"]
+    assert events[3] == "data: [DONE]"
+    assert in_flight() == 0
+
+
+def test_a_torn_drain_mark_still_means_draining(tmp_path):
+    (tmp_path / "draining").write_text("{not json")
+    assert drain.read_drain_deadline(tmp_path) <= time.time()
+    assert drain.read_drain_deadline(tmp_path / "elsewhere") is None
+
+
+@given(st.integers(MIN_GRACE_SECONDS, MAX_GRACE_SECONDS))
+def test_every_wait_fits_in_the_grace(grace):
+    budget = StopBudget(grace)
+    assert budget.drain_seconds + budget.teardown_seconds == grace
+    assert 10 <= budget.teardown_seconds <= 60
+    assert budget.drain_seconds >= grace // 2
+    # vLLM's own timeout ends before supervisord's SIGKILL, which comes
+    # 5 s before Docker's.
+    assert 1 <= budget.vllm_shutdown_timeout < budget.stopwait_seconds
+    assert budget.stopwait_seconds + 5 == budget.teardown_seconds
+
+
+@pytest.mark.parametrize("text", ["abc", "19", "86401", "1e3", "-5", "9" * 400])
+def test_a_bad_grace_is_refused_with_its_fix(text):
+    with pytest.raises(InvalidGrace, match="K3_STOP_GRACE_SECONDS"):
+        parse_grace(text)
+
+
+def test_unset_grace_is_the_default():
+    assert parse_grace(None) == parse_grace("") == parse_grace(" ") == StopBudget(120)
