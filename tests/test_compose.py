@@ -40,6 +40,7 @@ SCHEMA_WHEEL_SHA256 = "8d5589373b35c8d3b1c8c1182c6e4a4ff14bffa3dd0b605fcd08f73c9
 COMPOSE = yaml.safe_load((REPO / "compose.yaml").read_text())
 ENV_EXAMPLE = (REPO / "kimi-k3.env.example").read_text()
 SERVER = COMPOSE["services"]["kimi-k3"]
+MONITORING_SERVICES = ("prometheus", "grafana", "alertmanager")
 PIP_DOWNLOAD = (sys.executable, "-m", "pip", "download", "--quiet", "--no-deps")
 # ${NAME}, ${NAME:-default}, ${NAME:?message}
 VARIABLE = re.compile(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
@@ -159,13 +160,13 @@ def test_images_are_pinned_and_the_build_matches_the_series():
     )
     base = VARIABLE.fullmatch(build["args"]["BASE_IMAGE"])
     assert base.group(1) == "K3_BASE_IMAGE" and base.group(3) == BASE_IMAGE
-    for name in ("prometheus", "grafana"):
+    for name in MONITORING_SERVICES:
         image = COMPOSE["services"][name]["image"]
         assert re.fullmatch(r"[\w./-]+:v?\d+\.\d+\.\d+", image), image
 
 
 def test_monitoring_is_localhost_only_and_grafana_has_no_default_password():
-    for name in ("prometheus", "grafana"):
+    for name in MONITORING_SERVICES:
         for port in COMPOSE["services"][name]["ports"]:
             bind = VARIABLE.match(port)
             assert bind and bind.group(1) == "MONITORING_BIND"
@@ -181,9 +182,10 @@ def test_monitoring_is_localhost_only_and_grafana_has_no_default_password():
 
 
 def test_monitoring_is_provisioned_from_the_repo():
-    for name in ("prometheus", "grafana"):
+    for name in MONITORING_SERVICES:
         for volume in COMPOSE["services"][name]["volumes"]:
-            source = volume.split(":")[0]
+            # A ${NAME:-./default} source is checked at its default.
+            source = VARIABLE.sub(lambda m: m.group(3) or "", volume).split(":")[0]
             if source.startswith("./"):
                 assert (REPO / source).exists(), source
     scrape = yaml.safe_load((REPO / "monitoring" / "prometheus.yml").read_text())
