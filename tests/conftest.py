@@ -1,8 +1,10 @@
 """Test session set-up: import vLLM from a tree the real patch tool patched,
 and let vLLM's Triton kernels run in the Triton interpreter on the CPU."""
 
+import http.server
 import os
 import sys
+import threading
 
 # Before triton is imported anywhere: run kernels on CPU tensors.
 os.environ["TRITON_INTERPRET"] = "1"
@@ -43,3 +45,23 @@ def image(standin) -> str:
 @pytest.fixture(scope="session")
 def model(tmp_path_factory):
     return tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture
+def vllm_health():
+    """A real HTTP server on 127.0.0.2 answering /health with 200, standing
+    in for vLLM's; yields its port."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.2", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()

@@ -9,6 +9,7 @@ path operators use.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +115,18 @@ CPU_DEV_ENV = {
 class Container:
     name: str
     port: int
+    status_port: int
+
+    def phase(self) -> str | None:
+        """The start-up phase on the container's own metrics endpoint."""
+        try:
+            _, text = http(f"http://127.0.0.1:{self.status_port}/metrics", timeout=3)
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith("k3rocm_container_phase{") and line.endswith(" 1.0"):
+                return line.split('"')[1]
+        return None
 
     @property
     def base_url(self) -> str:
@@ -150,8 +163,14 @@ class Container:
                 )
             time.sleep(1)
 
-    def wait_healthy(self, timeout: float = 420) -> None:
+    def wait_healthy(self, timeout: float = 420) -> list[str]:
+        """Wait for Docker's healthy; the start-up phases seen meanwhile."""
+        phases: list[str] = []
+
         def healthy() -> bool:
+            phase = self.phase()
+            if phase and phase not in phases:
+                phases.append(phase)
             state = self.state()
             if not state["Running"]:
                 raise AssertionError(
@@ -161,6 +180,7 @@ class Container:
             return state.get("Health", {}).get("Status") == "healthy"
 
         self.wait_for("healthy state", healthy, timeout)
+        return phases
 
     def wait_exit(self, timeout: float) -> int:
         self.wait_for("exit", lambda: not self.state()["Running"], timeout)
@@ -178,7 +198,7 @@ def run_container(
     extra: Sequence[str] = (),
     stop_timeout: int = 60,
 ) -> Container:
-    port = free_port()
+    port, status_port = free_port(), free_port()
     settings = {
         **CPU_DEV_ENV,
         "K3_STOP_GRACE_SECONDS": str(stop_timeout),
@@ -197,13 +217,27 @@ def run_container(
         str(stop_timeout),
         "--publish",
         f"127.0.0.1:{port}:8000",
+        "--publish",
+        f"127.0.0.1:{status_port}:8001",
         "--volume",
         f"{model}:{IN_CONTAINER_MODEL}:ro",
         *(f"--env={key}={value}" for key, value in settings.items()),
         *extra,
         image,
     )
-    return Container(name, port)
+    return Container(name, port, status_port)
+
+
+@contextlib.contextmanager
+def running_container(
+    image: str, model: Path, name: str, **kwargs
+) -> Iterator[Container]:
+    """A container of `run_container`, removed afterwards whatever happened."""
+    container = run_container(image, model, name, **kwargs)
+    try:
+        yield container
+    finally:
+        container.remove()
 
 
 def http(

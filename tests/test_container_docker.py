@@ -25,7 +25,7 @@ from docker_images import (
     build_standin,
     docker,
     http,
-    run_container,
+    running_container,
 )
 from vllm_trees import REPO
 
@@ -42,12 +42,9 @@ STREAM_TOKENS = 120
 def served(image, model):
     """One healthy cpu-dev server; the drain test at the end of this module
     stops it."""
-    container = run_container(image, model, "k3rocm-test-served")
-    try:
-        container.wait_healthy()
+    with running_container(image, model, "k3rocm-test-served") as container:
+        container.start_phases = container.wait_healthy()
         yield container
-    finally:
-        container.remove()
 
 
 def test_image_records_what_it_is(image):
@@ -88,6 +85,15 @@ def test_served_container_is_healthy_by_its_own_check_and_passes_smoke(served):
     }
     skipped = [check for check in checks.values() if check["status"] == "skip"]
     assert skipped and all(check["detail"] for check in skipped)
+
+
+def test_start_up_phases_are_on_the_status_endpoint_from_the_start(served):
+    """Before vLLM serves anything the container's own endpoint tells the
+    phase; it ends serving."""
+    phases = served.start_phases
+    assert phases[0] in ("stage1", "loading"), phases
+    assert "loading" in phases and phases[-1] in ("stage2", "serving"), phases
+    assert served.phase() == "serving"
 
 
 def test_a_sampled_completion_answers(served):
@@ -213,13 +219,12 @@ def test_docker_stop_drains_every_accepted_stream(served):
 
 
 def test_a_crash_looping_vllm_exits_3(image, model):
-    container = run_container(
+    with running_container(
         image,
         model,
         "k3rocm-test-crashloop",
         env={"K3_EXTRA_ARGS": "--no-such-flag", "K3_VLLM_MAX_RESTARTS": "1"},
-    )
-    try:
+    ) as container:
         assert container.wait_exit(300) == 3
         # One line with the reason: a failed start or deaths, depending on how
         # long vLLM takes to reach its argument check here.
@@ -228,15 +233,12 @@ def test_a_crash_looping_vllm_exits_3(image, model):
             container.logs(),
         )
         assert "unrecognized arguments: --no-such-flag" in container.logs()
-    finally:
-        container.remove()
 
 
 def test_a_failed_smoke_test_under_stop_exits_4_and_is_not_loaded_again(image, model):
-    container = run_container(
+    with running_container(
         image, model, "k3rocm-test-smoke-stop", env={"K3_SMOKE_STAGE1_TIMEOUT": "0.01"}
-    )
-    try:
+    ) as container:
         assert container.wait_exit(300) == 4
         assert container.health() != "healthy"
         assert "smoke test failed under K3_SMOKE_ON_FAILURE=stop" in container.logs()
@@ -246,24 +248,19 @@ def test_a_failed_smoke_test_under_stop_exits_4_and_is_not_loaded_again(image, m
         assert container.wait_exit(60) == 4
         assert time.monotonic() - started < 30
         assert "not starting again" in container.logs()
-    finally:
-        container.remove()
 
 
 def test_a_failed_smoke_test_under_warn_serves_with_verdict_0(image, model):
-    container = run_container(
+    with running_container(
         image,
         model,
         "k3rocm-test-smoke-warn",
         env={"K3_SMOKE_STAGE1_TIMEOUT": "0.01", "K3_SMOKE_ON_FAILURE": "warn"},
-    )
-    try:
+    ) as container:
         container.wait_healthy()
         _, metrics = http(f"{container.base_url}/metrics")
         assert "k3rocm_smoke_verdict 0.0" in metrics
         assert "SERVING ANYWAY" in container.logs()
-    finally:
-        container.remove()
 
 
 @pytest.mark.skipif(

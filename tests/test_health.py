@@ -4,10 +4,8 @@ machine standing in for vLLM's /health."""
 
 from __future__ import annotations
 
-import http.server
 import subprocess
 import sys
-import threading
 
 import pytest
 
@@ -35,25 +33,6 @@ def test_clients_call_the_address_vllm_listens_on(host, expected):
 def test_a_bad_port_is_a_clear_error(port):
     with pytest.raises(BadAddress, match="K3_PORT"):
         api_base_url({"K3_PORT": port})
-
-
-@pytest.fixture
-def vllm_health():
-    """A real HTTP server on 127.0.0.2 answering /health with 200."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.2", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1]
-    server.shutdown()
 
 
 def run_health(run_dir, **env) -> subprocess.CompletedProcess:

@@ -51,6 +51,11 @@ DEFAULT_RUN_DIR = Path("/run/k3rocm")
 READY_MARK = "ready"
 STAGE1_GATE = "stage1-done"
 DRAIN_MARK = "draining"
+# Why the container stops (k3rocm.supervise's guard writes it, `run` exits
+# with its code), the vLLM deaths so far, and the running vLLM's process group.
+REASON_FILE = "exit-reason.json"
+DEATHS_FILE = "vllm-deaths"
+VLLM_GROUP_FILE = "vllm.pgid"
 
 
 def run_dir() -> Path:

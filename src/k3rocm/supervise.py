@@ -32,18 +32,22 @@ import time
 from pathlib import Path
 
 from k3rocm.contract import (
+    DEATHS_FILE,
     DEFAULT_RUN_DIR,
     DRAIN_MARK,
     READY_MARK,
+    REASON_FILE,
     RUN_DIR_ENV,
     SMOKE_REPORT_ENV,
     SMOKE_REPORT_NAME,
     STAGE1_GATE,
+    VLLM_GROUP_FILE,
     BadAddress,
     api_base_url,
     run_dir,
 )
 from k3rocm.drain import wait_drained, write_drain_mark
+from k3rocm.status import status_settings
 from k3rocm.stop_budget import InvalidGrace, StopBudget, budget_from_env
 
 EXIT_USAGE, EXIT_VLLM, EXIT_SMOKE = 2, 3, 4
@@ -58,11 +62,6 @@ DEFAULTS = {
 # supervisord's wait between SIGTERM and SIGKILL for vLLM, derived from the
 # stop budget (k3rocm.stop_budget), for %(ENV_...)s in supervisord.conf.
 STOPWAIT_ENV = "K3_VLLM_STOPWAIT_SECONDS"
-REASON_FILE = "exit-reason.json"
-# The process group of the running vLLM, for reaping after a crash.
-VLLM_GROUP_FILE = "vllm.pgid"
-# vLLM deaths so far in this container; survives a restart of the guard.
-DEATHS_FILE = "vllm-deaths"
 # What a previous start may have left behind; none of it holds for this one.
 _STALE = (
     READY_MARK,
@@ -99,7 +98,8 @@ def run() -> int:
     try:
         budget = budget_from_env(os.environ)
         base_url = api_base_url(os.environ)
-    except (InvalidGrace, BadAddress) as err:
+        status_settings(os.environ)
+    except (InvalidGrace, BadAddress, ValueError) as err:
         _log(f"cannot start: {err}")
         return EXIT_USAGE
     os.environ[STOPWAIT_ENV] = str(budget.stopwait_seconds)

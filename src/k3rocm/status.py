@@ -1,0 +1,176 @@
+"""The container's own metrics endpoint, up from its first second.
+
+vLLM serves no HTTP until the weights are loaded (hours for Kimi-K3), so
+Prometheus would see nothing of a start-up. supervisord's ``status`` program
+(``python -m k3rocm.status``) serves, on ``K3_STATUS_PORT`` (8001):
+
+``k3rocm_container_phase{phase}``
+    1 for the current phase, 0 for the others: ``stage1`` (smoke stage 1,
+    before vLLM starts), ``loading`` (vLLM starting, no ``/health`` yet),
+    ``stage2`` (vLLM answers, smoke stage 2 runs), ``serving`` (ready mark
+    written), ``draining`` (a stop is draining), ``stopping`` (a stop reason
+    was written: the container is about to exit).
+``k3rocm_container_phase_seconds{phase}``
+    Seconds in the current phase (one series, the current phase's).
+``k3rocm_smoke_stage1_verdict``
+    Smoke stage 1: 1 pass, 0 fail, -1 not finished.
+``k3rocm_container_load_alert_seconds``
+    K3_LOAD_ALERT_SECONDS, the operator's bound on loading; the alert
+    KimiK3LoadSlow compares the loading time with it.
+
+The phase is read from the run directory (k3rocm.contract) and, between the
+stage-1 gate and the ready mark, from vLLM's ``/health``, on every scrape.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from k3rocm.contract import (
+    DRAIN_MARK,
+    READY_MARK,
+    REASON_FILE,
+    STAGE1_GATE,
+    BadAddress,
+    api_base_url,
+    run_dir,
+    smoke_report_path,
+)
+from k3rocm.json_file import UnreadableJson, read_json_file
+
+PHASES = ("stage1", "loading", "stage2", "serving", "draining", "stopping")
+STATUS_PORT_ENV = "K3_STATUS_PORT"
+DEFAULT_STATUS_PORT = 8001
+LOAD_ALERT_ENV = "K3_LOAD_ALERT_SECONDS"
+DEFAULT_LOAD_ALERT_SECONDS = 3 * 3600
+
+
+def vllm_answers(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
+            return response.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def current_phase(directory: Path, base_url: str) -> str:
+    if (directory / DRAIN_MARK).exists():
+        return "draining"
+    if (directory / REASON_FILE).exists():
+        return "stopping"
+    if (directory / READY_MARK).exists():
+        return "serving"
+    if not (directory / STAGE1_GATE).exists():
+        return "stage1"
+    return "stage2" if vllm_answers(base_url) else "loading"
+
+
+def stage1_verdict(directory: Path, report: Path) -> int:
+    """From the stage-1 gate (written when vLLM may start), else from the
+    report (a stage 1 failed under `stop` writes no gate)."""
+    try:
+        gate = (directory / STAGE1_GATE).read_bytes()[:20].strip()
+    except OSError:
+        gate = b""
+    if gate:
+        return 1 if gate == b"pass" else 0
+    try:
+        document = read_json_file(report)
+    except (FileNotFoundError, UnreadableJson):
+        return -1
+    stages = document.get("stages") if isinstance(document, dict) else None
+    stage = stages.get("stage1") if isinstance(stages, dict) else None
+    status = stage.get("status") if isinstance(stage, dict) else None
+    return {"pass": 1, "fail": 0}.get(status, -1) if isinstance(status, str) else -1
+
+
+class StartupCollector:
+    """Computes the phase on each scrape; remembers when it last changed."""
+
+    def __init__(self, directory: Path, base_url: str, load_alert_seconds: int):
+        self.directory = directory
+        self.base_url = base_url
+        self.load_alert_seconds = load_alert_seconds
+        self.report = smoke_report_path()
+        self.lock = threading.Lock()
+        self.phase = ""
+        self.since = time.monotonic()
+
+    def collect(self) -> Iterator[Metric]:
+        phase = current_phase(self.directory, self.base_url)
+        with self.lock:
+            if phase != self.phase:
+                self.phase, self.since = phase, time.monotonic()
+            seconds = time.monotonic() - self.since
+        states = GaugeMetricFamily(
+            "k3rocm_container_phase",
+            "Start-up phase of the container: 1 for the current one.",
+            labels=["phase"],
+        )
+        for name in PHASES:
+            states.add_metric([name], 1.0 if name == phase else 0.0)
+        yield states
+        in_phase = GaugeMetricFamily(
+            "k3rocm_container_phase_seconds",
+            "Seconds the container has been in its current phase.",
+            labels=["phase"],
+        )
+        in_phase.add_metric([phase], seconds)
+        yield in_phase
+        yield GaugeMetricFamily(
+            "k3rocm_smoke_stage1_verdict",
+            "Smoke test stage 1: 1 pass, 0 fail, -1 not finished.",
+            value=stage1_verdict(self.directory, self.report),
+        )
+        yield GaugeMetricFamily(
+            "k3rocm_container_load_alert_seconds",
+            "K3_LOAD_ALERT_SECONDS: loading longer than this raises KimiK3LoadSlow.",
+            value=self.load_alert_seconds,
+        )
+
+
+def _whole_number(environ: Mapping[str, str], name: str, default: int, top: int) -> int:
+    text = environ.get(name, "").strip() or str(default)
+    if not (text.isascii() and text.isdigit() and len(text) <= 7) or not (
+        1 <= int(text) <= top
+    ):
+        raise ValueError(f"{name} is {text[:40]!r}; set a whole number from 1 to {top}")
+    return int(text)
+
+
+def status_settings(environ: Mapping[str, str]) -> tuple[int, int]:
+    """(K3_STATUS_PORT, K3_LOAD_ALERT_SECONDS); ValueError says what is wrong."""
+    port = _whole_number(environ, STATUS_PORT_ENV, DEFAULT_STATUS_PORT, 65535)
+    bound = _whole_number(
+        environ, LOAD_ALERT_ENV, DEFAULT_LOAD_ALERT_SECONDS, 7 * 24 * 3600
+    )
+    return port, bound
+
+
+def main() -> int:
+    try:
+        port, bound = status_settings(os.environ)
+        base_url = api_base_url(os.environ)
+    except (ValueError, BadAddress) as err:
+        print(f"k3rocm.status: {err}", file=sys.stderr, flush=True)
+        return 2
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StartupCollector(run_dir(), base_url, bound))
+    start_http_server(port, registry=registry)
+    print(f"k3rocm.status: start-up metrics on :{port}/metrics", flush=True)
+    threading.Event().wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The container's start-up metrics endpoint (k3rocm.status), run as the
+real program on a free port and scraped over HTTP, through every phase."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from vllm_server import free_port
+
+from k3rocm.drain import write_drain_mark
+
+
+def scrape(port: int) -> dict[str, dict[tuple, float]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    samples: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = tuple(sorted(sample.labels.items()))
+            samples.setdefault(sample.name, {})[key] = sample.value
+    return samples
+
+
+def phase(samples) -> str:
+    current = [
+        dict(labels)["phase"]
+        for labels, value in samples["k3rocm_container_phase"].items()
+        if value == 1
+    ]
+    assert len(current) == 1, samples["k3rocm_container_phase"]
+    return current[0]
+
+
+@pytest.fixture
+def status(tmp_path, vllm_health):
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "k3rocm.status"],
+        env={
+            "K3_RUN_DIR": str(tmp_path),
+            "K3_SMOKE_REPORT": str(tmp_path / "smoke-report.json"),
+            "K3_STATUS_PORT": str(port),
+            "K3_HOST": "127.0.0.2",
+            "K3_PORT": str(free_port()),  # nothing answers there yet
+            "K3_LOAD_ALERT_SECONDS": "7200",
+            "PATH": "/usr/bin:/bin",
+        },
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            scrape(port)
+            break
+        except OSError:
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+    yield port
+    process.terminate()
+    process.wait(10)
+
+
+def test_every_phase_from_stage1_to_draining(status, tmp_path):
+    samples = scrape(status)
+    assert phase(samples) == "stage1"
+    assert samples["k3rocm_smoke_stage1_verdict"][()] == -1
+    assert samples["k3rocm_container_load_alert_seconds"][()] == 7200
+    time.sleep(1.1)
+    assert scrape(status)["k3rocm_container_phase_seconds"][(("phase", "stage1"),)] > 1
+
+    (tmp_path / "stage1-done").write_text("pass\n")
+    samples = scrape(status)
+    assert phase(samples) == "loading"
+    assert samples["k3rocm_smoke_stage1_verdict"][()] == 1
+    assert samples["k3rocm_container_phase_seconds"][(("phase", "loading"),)] < 1
+
+    (tmp_path / "ready").write_text("pass\n")
+    assert phase(scrape(status)) == "serving"
+    write_drain_mark(tmp_path, time.time() + 60)
+    assert phase(scrape(status)) == "draining"
+
+
+def test_stage2_is_when_vllm_answers(tmp_path, vllm_health):
+    from k3rocm.status import current_phase
+
+    (tmp_path / "stage1-done").write_text("fail\n")
+    assert current_phase(tmp_path, f"http://127.0.0.2:{vllm_health}") == "stage2"
+    assert current_phase(tmp_path, f"http://127.0.0.2:{free_port()}") == "loading"
+
+
+def test_stage1_failed_under_stop_reads_from_the_report(status, tmp_path):
+    report = {"verdict": "fail", "stages": {"stage1": {"status": "fail"}}}
+    (tmp_path / "smoke-report.json").write_text(json.dumps(report))
+    (tmp_path / "exit-reason.json").write_text('{"exit_code": 4, "reason": "x"}')
+    samples = scrape(status)
+    assert samples["k3rocm_smoke_stage1_verdict"][()] == 0
+    assert phase(samples) == "stopping"
+
+
+@pytest.mark.parametrize("report", [b"[]", b'{"stages": []}', b"\xff", b"[" * 10**5])
+def test_a_malformed_report_is_no_stage1_verdict(status, tmp_path, report):
+    (tmp_path / "smoke-report.json").write_bytes(report)
+    assert scrape(status)["k3rocm_smoke_stage1_verdict"][()] == -1
+
+
+@pytest.mark.parametrize("name", ["K3_STATUS_PORT", "K3_LOAD_ALERT_SECONDS"])
+def test_a_bad_setting_is_refused_in_one_line(name):
+    result = subprocess.run(
+        [sys.executable, "-m", "k3rocm.status"],
+        env={name: "abc", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"k3rocm.status: {name} is 'abc'")
