@@ -22,6 +22,7 @@ from k3rocm.image import BASE_IMAGE, image_tag
 from k3rocm.launcher.profiles import AMD_ENV
 from k3rocm.launcher.settings import SETTINGS
 from k3rocm.series import Series
+from k3rocm.status import LOAD_ALERT_ENV, STATUS_PORT_ENV
 from k3rocm.stop_budget import DEFAULT_GRACE_SECONDS, GRACE_ENV
 from k3rocm.supervise import DEFAULTS
 
@@ -123,6 +124,7 @@ def test_server_gets_an_allow_list_of_variables_and_no_secrets():
         {setting.env for setting in SETTINGS}
         | {name for name in DEFAULTS if name not in IMAGE_SET}
         | set(SMOKE_SETTINGS)
+        | {STATUS_PORT_ENV, LOAD_ALERT_ENV}
         | {name for name, _ in AMD_ENV}
         | {"HF_TOKEN_PATH"}
     )
@@ -201,7 +203,9 @@ def test_every_variable_is_documented_in_the_env_example():
     used = {match.group(1) for match in VARIABLE.finditer(yaml.safe_dump(COMPOSE))}
     server = {setting.env for setting in SETTINGS}
     container = (
-        set(DEFAULTS) | set(SMOKE_SETTINGS) | {"K3_SMOKE_REPORT", "K3_IMAGE_TAG"}
+        set(DEFAULTS)
+        | set(SMOKE_SETTINGS)
+        | {STATUS_PORT_ENV, LOAD_ALERT_ENV, "K3_SMOKE_REPORT", "K3_IMAGE_TAG"}
     )
     missing = (used | server | container) - documented()
     assert not missing, f"not in kimi-k3.env.example: {sorted(missing)}"

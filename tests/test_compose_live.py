@@ -195,9 +195,14 @@ def test_prometheus_scrapes_the_server_and_loaded_the_rules(project):
         except OSError:
             return False
         targets = json.loads(text)["data"]["activeTargets"]
-        return any(t["health"] == "up" for t in targets)
+        up = {t["labels"]["job"] for t in targets if t["health"] == "up"}
+        return up == {"kimi-k3-vllm", "kimi-k3-container"}
 
-    wait_for("scraped target", target_up, 240)
+    wait_for("both targets scraped", target_up, 240)
+    phase = f"{prometheus}/api/v1/query?query=k3rocm_container_phase%3D%3D1"
+    [serving] = json.loads(http(phase)[1])["data"]["result"]
+    assert serving["metric"]["phase"] == "serving"
+    assert serving["metric"]["instance"] == "kimi-k3:8000"
     query = f"{prometheus}/api/v1/query?query=k3rocm_build_info"
     wait_for(
         "k3rocm_ series",

@@ -8,10 +8,12 @@ tokenizer file, ``max_tokens`` with ``ignore_eos``), never from vLLM."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -54,6 +56,7 @@ STEPS = "k3rocm_engine_steps_total"
 KINDS = ("prefill", "mixed", "decode")
 # `QUANTITY OP THRESHOLD`, the form every alert in monitoring/alerts.yml has.
 ALERT_EXPR = re.compile(r"^(?P<quantity>.+?)\s+(?:==|!=|>=|<=|>|<)\s+-?[\d.]+$", re.S)
+CONTAINER_METRIC = re.compile(r"k3rocm_(container_|smoke_stage1_)")
 METRIC_NAME = re.compile(r"\b(?:k3rocm_[a-z0-9_]+|vllm:[a-z0-9_:]+)")
 
 
@@ -265,16 +268,33 @@ class Prometheus:
 @pytest.fixture(scope="class")
 def prometheus(single_server, tmp_path_factory):
     """Debian's Prometheus with monitoring/prometheus.yml, scraping the
-    single server every second and evaluating monitoring/alerts.yml."""
+    single server and the container's start-up endpoint (the real
+    `python -m k3rocm.status`, on the server's run directory) every second
+    and evaluating every rule file."""
     server, _ = single_server
     workdir = tmp_path_factory.mktemp("prometheus")
     config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
     config["global"].update(scrape_interval="1s", evaluation_interval="1s")
     config["rule_files"] = [str(MONITORING / name) for name in config["rule_files"]]
-    [job] = config["scrape_configs"]
+    del config["alerting"]  # no Alertmanager here (test_alertmanager.py has one)
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     target = f"127.0.0.1:{server.port}"
-    job["static_configs"] = [{"targets": [target]}]
+    jobs["kimi-k3-vllm"]["static_configs"] = [{"targets": [target]}]
+    status_port = free_port()
+    jobs["kimi-k3-container"]["static_configs"][0]["targets"] = [
+        f"127.0.0.1:{status_port}"
+    ]
+    jobs["kimi-k3-container"]["static_configs"][0]["labels"]["instance"] = target
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+    status = subprocess.Popen(
+        [sys.executable, "-m", "k3rocm.status"],
+        env={
+            **os.environ,
+            "K3_RUN_DIR": str(workdir / "run"),
+            "K3_STATUS_PORT": str(status_port),
+            "K3_PORT": str(server.port),
+        },
+    )
     port = free_port()
     with (workdir / "prometheus.log").open("wb") as log:
         process = subprocess.Popen(
@@ -300,6 +320,7 @@ def prometheus(single_server, tmp_path_factory):
         wait_for(scraped, 60, "Prometheus to scrape vLLM")
         yield instance
     finally:
+        status.terminate()
         process.send_signal(signal.SIGTERM)
         try:
             process.wait(20)
@@ -371,6 +392,9 @@ class TestSingleApiServer:
         live = metric_names(server.metrics())
         used = set(METRIC_NAME.findall(dashboard.render()))
         used |= set(METRIC_NAME.findall((MONITORING / "alerts.yml").read_text()))
+        # The container's start-up metrics are not vLLM's: test_status.py
+        # checks them against the real k3rocm.status endpoint.
+        used = {name for name in used if not CONTAINER_METRIC.match(name)}
         assert used, "no metric names found"
         assert not used - live, f"not on /metrics: {sorted(used - live)}"
 
@@ -379,10 +403,10 @@ class TestSingleApiServer:
             groups = json.loads(http_get(prometheus.url + "/api/v1/rules"))["data"]
             return [rule for group in groups["groups"] for rule in group["rules"]]
 
-        expected = len(
-            yaml.safe_load((MONITORING / "alerts.yml").read_text())["groups"][0][
-                "rules"
-            ]
+        expected = sum(
+            len(group["rules"])
+            for name in ("alerts.yml", "container-alerts.yml")
+            for group in yaml.safe_load((MONITORING / name).read_text())["groups"]
         )
         wait_for(
             lambda: all(

@@ -7,6 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from k3rocm import dashboard
@@ -14,8 +15,13 @@ from k3rocm import dashboard
 REPO = Path(__file__).resolve().parents[1]
 MONITORING = REPO / "monitoring"
 DASHBOARD_JSON = MONITORING / "grafana" / "dashboards" / "kimi-k3-rocm.json"
+# Rule files and their promtool tests, with the alerts each defines.
+RULE_FILES = {
+    "alerts.yml": "alerts.test.yml",
+    "container-alerts.yml": "container-alerts.test.yml",
+}
+CONTAINER_ALERTS = ("KimiK3ServerDown", "KimiK3ContainerDown", "KimiK3LoadSlow")
 ALERTS = (
-    "KimiK3ServerDown",
     "EngineStepLatencyP99High",
     "PrefillStepLatencyRegression",
     "StallFreePathNotVerified",
@@ -31,43 +37,57 @@ def promtool(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def alert_rules() -> list[dict]:
-    [group] = yaml.safe_load((MONITORING / "alerts.yml").read_text())["groups"]
+def alert_rules(rule_file: str = "alerts.yml") -> list[dict]:
+    [group] = yaml.safe_load((MONITORING / rule_file).read_text())["groups"]
     return group["rules"]
 
 
 def test_promtool_check_config():
     result = promtool("check", "config", "prometheus.yml")
     assert result.returncode == 0, result.stdout + result.stderr
+    config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    assert config["rule_files"] == list(RULE_FILES)
 
 
-def test_promtool_check_rules():
-    result = promtool("check", "rules", "alerts.yml")
+@pytest.mark.parametrize("rule_file", RULE_FILES)
+def test_promtool_check_rules(rule_file):
+    result = promtool("check", "rules", rule_file)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_promtool_unit_tests_pass():
-    result = promtool("test", "rules", "alerts.test.yml")
+@pytest.mark.parametrize("test_file", RULE_FILES.values())
+def test_promtool_unit_tests_pass(test_file):
+    result = promtool("test", "rules", test_file)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_every_alert_has_summary_and_runbook():
-    rules = alert_rules()
-    assert sorted({rule["alert"] for rule in rules}) == sorted(ALERTS)
+@pytest.mark.parametrize(
+    ("rule_file", "names"),
+    [("alerts.yml", ALERTS), ("container-alerts.yml", CONTAINER_ALERTS)],
+)
+def test_every_alert_has_summary_and_runbook(rule_file, names):
+    rules = alert_rules(rule_file)
+    assert sorted({rule["alert"] for rule in rules}) == sorted(names)
     for rule in rules:
         assert rule["annotations"]["summary"] and rule["annotations"]["runbook"]
         assert rule["labels"]["severity"] in ("warning", "critical")
 
 
-def test_promtool_tests_cover_every_alert_firing_and_quiet():
-    tests = yaml.safe_load((MONITORING / "alerts.test.yml").read_text())["tests"]
+@pytest.mark.parametrize(
+    ("test_file", "names"),
+    [("alerts.test.yml", ALERTS), ("container-alerts.test.yml", CONTAINER_ALERTS)],
+)
+def test_promtool_tests_cover_every_alert_firing_and_quiet(test_file, names):
+    tests = yaml.safe_load((MONITORING / test_file).read_text())["tests"]
     checks = [check for test in tests for check in test["alert_rule_test"]]
-    for alert in ALERTS:
+    for alert in names:
         mine = [check for check in checks if check["alertname"] == alert]
         assert any(check.get("exp_alerts") for check in mine), f"{alert} never fires"
         assert any(not check.get("exp_alerts") for check in mine), (
             f"{alert} is never checked quiet"
         )
+    if test_file != "alerts.test.yml":
+        return
     fired_kinds = {
         alert["exp_labels"].get("kind")
         for check in checks
@@ -75,6 +95,20 @@ def test_promtool_tests_cover_every_alert_firing_and_quiet():
         for alert in check.get("exp_alerts", [])
     }
     assert fired_kinds == {"prefill", "mixed", "decode"}
+
+
+def test_the_container_job_shares_the_vllm_instance():
+    """The joins in container-alerts.yml and the dashboard's instance filter
+    need both jobs' series under one instance."""
+    jobs = {
+        job["job_name"]: job["static_configs"][0]
+        for job in yaml.safe_load((MONITORING / "prometheus.yml").read_text())[
+            "scrape_configs"
+        ]
+    }
+    assert jobs["kimi-k3-vllm"]["targets"] == ["kimi-k3:8000"]
+    assert jobs["kimi-k3-container"]["targets"] == ["kimi-k3:8001"]
+    assert jobs["kimi-k3-container"]["labels"]["instance"] == "kimi-k3:8000"
 
 
 def test_committed_dashboard_is_current():
@@ -98,6 +132,8 @@ def test_dashboard_panels_and_variables():
         "KV cache usage",
         "Build",
         "Smoke verdict (stall-free prefill path)",
+        "Start-up phase",
+        "Time in phase",
     } <= titles
     variables = {var["name"]: var for var in board["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"

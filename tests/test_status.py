@@ -4,6 +4,7 @@ real program on a free port and scraped over HTTP, through every phase."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -12,8 +13,11 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from vllm_server import free_port
+from vllm_trees import REPO
 
 from k3rocm.drain import write_drain_mark
+
+MONITORING = REPO / "monitoring"
 
 
 def scrape(port: int) -> dict[str, dict[tuple, float]]:
@@ -119,3 +123,16 @@ def test_a_bad_setting_is_refused_in_one_line(name):
     )
     assert result.returncode == 2
     assert result.stderr.startswith(f"k3rocm.status: {name} is 'abc'")
+
+
+def test_every_container_metric_the_rules_and_dashboard_use_is_served(status):
+    from k3rocm import dashboard
+
+    used = set(
+        re.findall(
+            r"\bk3rocm_(?:container_[a-z_]+|smoke_stage1_[a-z_]+)",
+            (MONITORING / "container-alerts.yml").read_text() + dashboard.render(),
+        )
+    )
+    assert {"k3rocm_container_phase", "k3rocm_container_phase_seconds"} <= used
+    assert used <= set(scrape(status))

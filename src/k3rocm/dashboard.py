@@ -115,6 +115,30 @@ def panels() -> list[list[tuple[int, int, dict]]]:
         "options": {"colorMode": "background", "textMode": "value_and_name"},
         "targets": [target("A", f"k3rocm_smoke_verdict{{{INSTANCE}}}", "{{instance}}")],
     }
+    phase = {
+        "type": "stat",
+        "title": "Start-up phase",
+        "description": "k3rocm_container_phase, from the container's own endpoint "
+        "(port 8001), up before vLLM serves: stage1, loading, stage2, serving, "
+        "draining, stopping.",
+        "datasource": DATASOURCE,
+        "options": {"colorMode": "none", "textMode": "name"},
+        "targets": [
+            target("A", f"k3rocm_container_phase{{{INSTANCE}}} == 1", "{{phase}}")
+        ],
+    }
+    time_in_phase = {
+        "type": "stat",
+        "title": "Time in phase",
+        "description": "k3rocm_container_phase_seconds; KimiK3LoadSlow fires when a "
+        "start-up phase outlasts K3_LOAD_ALERT_SECONDS.",
+        "datasource": DATASOURCE,
+        "fieldConfig": {"defaults": {"unit": "s"}, "overrides": []},
+        "options": {"colorMode": "none", "textMode": "value_and_name"},
+        "targets": [
+            target("A", f"k3rocm_container_phase_seconds{{{INSTANCE}}}", "{{phase}}")
+        ],
+    }
     step_latency = timeseries(
         "Engine step latency by kind",
         "s",
@@ -194,7 +218,7 @@ def panels() -> list[list[tuple[int, int, dict]]]:
     )
     kv_cache["fieldConfig"]["defaults"].update(min=0, max=1)
     return [
-        [(16, 6, build_info), (8, 6, smoke)],
+        [(10, 6, build_info), (5, 6, smoke), (5, 6, phase), (4, 6, time_in_phase)],
         [(WIDTH, 9, step_latency)],
         [(12, 8, steps_per_second), (12, 8, tokens_per_second)],
         [
@@ -231,7 +255,8 @@ def panels() -> list[list[tuple[int, int, dict]]]:
 
 
 def templating() -> dict:
-    instances = "label_values(k3rocm_build_info, instance)"
+    # Both scrape jobs: the container's is up while vLLM still loads.
+    instances = 'label_values(up{job=~"kimi-k3-vllm|kimi-k3-container"}, instance)'
     return {
         "list": [
             {
