@@ -234,7 +234,7 @@ def test_a_crash_looping_vllm_exits_3(image, model):
             r"container stopped: vLLM (failed to start|died 2 times).*\(exit 3\)",
             container.logs(),
         )
-        assert "max_model_len" in container.logs()
+        assert "User-specified max_model_len (4096) is greater" in container.logs()
 
 
 def test_a_failed_smoke_test_under_stop_exits_4_and_is_not_loaded_again(image, model):
