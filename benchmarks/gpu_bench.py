@@ -1,7 +1,14 @@
-"""Benchmarks of the chunk-metadata step and of a pipelined KDA prefill step,
-side by side in one run on the lent GPU (results feed docs/benchmarks.md).
+"""Benchmarks of the chunk-metadata step (host time, its breakdown, kernel
+time, host time behind queued GPU work) and of a step model closer to
+serving (real KDA layers, other layers' GPU time as a calibrated wait), side
+by side in one run on the lent GPU (results feed docs/benchmarks.md).
 
     python3 benchmarks/gpu_bench.py           # needs .gpu/ (gpu_bundle.py)
+
+Every comparison runs in interleaved rounds (interleaved(): one discarded
+warm-up round, then ROUNDS rounds of STEPS_PER_ROUND steps, the order
+reversed every other round) and reports the median of the round values,
+their min-max, and the rounds the patched side won.
 
 Paths compared for the metadata step:
   host-0.27.1  0.27.1's builder: CPU prepare_chunk_indices/offsets on the host
@@ -12,6 +19,7 @@ Paths compared for the metadata step:
   ours         the series' chunk-block kernel and wrapper.
 """
 
+import functools
 import importlib.util
 import json
 import os
@@ -71,16 +79,48 @@ SHAPES = {
 }
 
 
-def median_us(samples):
-    return statistics.median(samples) * 1e6
+ROUNDS = 8  # timed rounds, after one discarded warm-up round
+STEPS_PER_ROUND = 30
 
 
-def host_time(fn, seq_lens, reps=300, queued_cycles=0):
-    """Wall time on the host of one metadata step, issued with the GPU queue
-    empty, or behind `queued_cycles` of torch.cuda._sleep."""
+def interleaved(sides: dict, rounds: int = ROUNDS) -> dict:
+    """A/B(/C...) rounds: every side measured once per round, the order
+    reversed every other round, the first round thrown away (compiles,
+    caches, clocks). Each side's measure() returns one round's value."""
+    names = list(sides)
+    values = {name: [] for name in names}
+    for r in range(rounds + 1):
+        for name in names if r % 2 else names[::-1]:
+            value = sides[name]()
+            if r:
+                values[name].append(value)
+    return values
+
+
+def summarize(values: dict, ours: str, against: list[str]) -> dict:
+    """Median of the round values with min-max, and rounds `ours` won
+    (lower is better) against each other side."""
+    out = {}
+    for name, series in values.items():
+        out[name] = {
+            "median": statistics.median(series),
+            "min": min(series),
+            "max": max(series),
+            "rounds": series,
+        }
+    for other in against:
+        won = sum(a < b for a, b in zip(values[ours], values[other], strict=True))
+        out[ours][f"rounds won vs {other}"] = f"{won}/{len(values[ours])}"
+    return out
+
+
+def host_round(fn, seq_lens, steps=STEPS_PER_ROUND, queued_cycles=0):
+    """Median wall time on the host of one metadata step over a round,
+    issued with the GPU queue empty or behind `queued_cycles` of
+    torch.cuda._sleep; fresh tensors each step defeat FLA's tensor_cache."""
+    batches = [cu_seqlens(seq_lens) for _ in range(steps)]
     samples = []
-    for _ in range(reps):
-        dev, host = cu_seqlens(seq_lens)  # fresh: defeats FLA's tensor_cache
+    for dev, host in batches:
         torch.cuda.synchronize()
         if queued_cycles:
             torch.cuda._sleep(queued_cycles)
@@ -88,11 +128,12 @@ def host_time(fn, seq_lens, reps=300, queued_cycles=0):
         fn(dev, host)
         samples.append(time.perf_counter() - start)
     torch.cuda.synchronize()
-    return median_us(samples)
+    return statistics.median(samples) * 1e6
 
 
-def graph_time(fn, seq_lens, per_graph=50, reps=30):
-    """Device time per call: CUDA-graph replay of `per_graph` calls."""
+def kernel_round(fn, seq_lens, per_graph=50, replays=STEPS_PER_ROUND):
+    """Device time per call over a round: CUDA-graph replays of `per_graph`
+    calls (median of `replays`)."""
     dev, host = cu_seqlens(seq_lens)
     fn(dev, host)
     torch.cuda.synchronize()
@@ -101,20 +142,20 @@ def graph_time(fn, seq_lens, per_graph=50, reps=30):
         for _ in range(per_graph):
             fn(dev, host)
     samples = []
-    for _ in range(reps):
+    for _ in range(replays):
         start, end = torch.cuda.Event(True), torch.cuda.Event(True)
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3 / per_graph)
-    return median_us(samples)
+        samples.append(start.elapsed_time(end) * 1e3 / per_graph)
+    return statistics.median(samples)
 
 
 def launch_floor():
     """Graph replay of the smallest possible kernel (one tiny elementwise op)."""
     x = torch.zeros(1, device="cuda")
-    return graph_time(lambda dev, host: x.add_(1), [1])
+    return kernel_round(lambda dev, host: x.add_(1), [1])
 
 
 def sleep_cycles_for(ms):
@@ -140,40 +181,90 @@ def queued_ms(cycles):
     return start.elapsed_time(end)
 
 
-def pipelined_steps(seq_lens, patched, layers=8, steps=12):
-    """Steps of `layers` KDA layers; the host prepares step n+1 while the GPU
-    runs step n. Returns (ms per step, GPU idle us per step). Inputs are
-    reused (chunk KDA overwrites v: values drift, timing does not)."""
-    inputs = kda_inputs(seq_lens, seed=0)
-    batches = [cu_seqlens(seq_lens) for _ in range(steps + 2)]
-    events = []
+def host_breakdown(seq_lens, reps=300) -> dict:
+    """Where ours spends its host time (medians of `reps`, queue empty):
+    the NumPy work on the host lengths, the two output allocations, and the
+    launch through the cached binary."""
+    import vllm.models.kimi_k3.amd.kda_metadata as kernel
+
+    dev, host = cu_seqlens(seq_lens)
+    ours(dev, host)
+    total = int(sum(-(-n // 64) for n in seq_lens))
+    tile, width = kernel.select_variant(len(seq_lens), -(-max(seq_lens) // 64))
+    launch = kernel._LAUNCHES[(dev.get_device(), tile, width)]
+    indices = dev.new_empty((total, 2))
+    offsets = dev.new_empty(len(seq_lens) + 1, dtype=torch.int64)
+
+    def numpy_part():
+        chunks = host.numpy()
+        chunks = chunks[1:] - chunks[:-1]
+        chunks += 63
+        chunks >>= 6
+        return int(chunks.sum()), int(chunks.max())
+
+    parts = {
+        "numpy": numpy_part,
+        "allocations": lambda: (
+            dev.new_empty(len(seq_lens) + 1, dtype=torch.int64),
+            dev.new_empty((total, 2)),
+        ),
+        "launch": lambda: launch(1, 1, dev, indices, offsets, len(seq_lens)),
+        "whole step": lambda: ours(dev, host),
+    }
+    out = {}
+    for name, part in parts.items():
+        samples = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            part()
+            samples.append(time.perf_counter() - start)
+        out[name] = statistics.median(samples) * 1e6
+    torch.cuda.synchronize()
+    return out
+
+
+# The step model (assumptions; docs/benchmarks.md discusses them): a
+# Kimi-K3 step on one rank at TP8 is LAYERS decoder layers, KDA in three of
+# every four (Kimi Linear's hybrid ratio) with the vendored AMD KDA kernels
+# run for real at the per-rank head count; everything else a layer does on
+# the GPU (MoE, MLA, norms, collectives) is a calibrated GPU wait, one
+# launch per layer, summing to OTHER_GPU_MS per step.
+LAYERS = 64
+OTHER_GPU_MS = 20.0
+MODEL_BATCHES = {
+    "concurrency 8: 7 decodes + 1 x 1k prefill": [1] * 7 + [1024],
+    "concurrency 16: 15 decodes + 1 x 1k prefill": [1] * 15 + [1024],
+}
+
+
+def model_round(seq_lens, patched, inputs, wait_cycles, steps=STEPS_PER_ROUND):
+    """ms per step of the step model over a round; the host prepares step
+    n+1 while the GPU runs step n. 0.27.1: the builder's CPU metadata plus
+    async copy (unused by the Kimi layer), then the layer's own device
+    rebuild with .tolist() in the first KDA layer; patched: the series'
+    device build handed to every KDA layer. Inputs are reused (chunk KDA
+    overwrites v: values drift, timing does not)."""
+    batches = [cu_seqlens(seq_lens) for _ in range(steps)]
 
     def step(dev, host):
         if patched:
             indices, offsets = ours(dev, host)
             metadata = {"chunk_indices": indices, "chunk_offsets": offsets}
         else:
-            host_0271(dev, host)  # 0.27.1's builder still makes these (unused)
+            host_0271(dev, host)
             metadata = {}
-        begin, end = torch.cuda.Event(True), torch.cuda.Event(True)
-        begin.record()
-        for _ in range(layers):
-            kda_ops.chunk_kda_with_fused_gate(**inputs, cu_seqlens=dev, **metadata)
-        end.record()
-        events.append((begin, end))
+        for layer in range(LAYERS):
+            if layer % 4 != 3:
+                kda_ops.chunk_kda_with_fused_gate(**inputs, cu_seqlens=dev, **metadata)
+            torch.cuda._sleep(wait_cycles)
 
-    step(*batches[0])  # warm-up
     torch.cuda.synchronize()
-    events.clear()
     start = time.perf_counter()
-    for dev, host in batches[2:]:
+    for dev, host in batches:
         step(dev, host)
     torch.cuda.synchronize()
-    wall = (time.perf_counter() - start) / steps
-    # GPU-clock gap from the end of step n's last layer to the start of step
-    # n+1's first: time the GPU had no layer work.
-    gaps = [events[i][1].elapsed_time(events[i + 1][0]) for i in range(steps - 1)]
-    return wall * 1e3, statistics.median(gaps) * 1e3
+    return (time.perf_counter() - start) / steps * 1e3
 
 
 def main():
@@ -184,50 +275,122 @@ def main():
         "torch": torch.__version__,
         "triton": triton.__version__,
         "date": time.strftime("%Y-%m-%d"),
+        "rounds": ROUNDS,
+        "steps_per_round": STEPS_PER_ROUND,
         "launch_floor_us": launch_floor(),
-        "metadata": {},
+        "host_us": {},
+        "kernel_us": {},
     }
+    others = ["upstream", "host-0.27.1", "legacy"]
     for name, seq_lens in SHAPES.items():
-        row = {}
-        for path, fn in PATHS.items():
-            row[f"{path} host us"] = host_time(fn, seq_lens)
-            if path in ("upstream", "ours"):
-                row[f"{path} kernel us"] = graph_time(fn, seq_lens)
-        report["metadata"][name] = row
-        print(name, json.dumps(row), flush=True)
+        report["host_us"][name] = summarize(
+            interleaved(
+                {
+                    path: functools.partial(host_round, fn, seq_lens)
+                    for path, fn in PATHS.items()
+                }
+            ),
+            "ours",
+            others,
+        )
+        report["kernel_us"][name] = summarize(
+            interleaved(
+                {
+                    path: functools.partial(kernel_round, PATHS[path], seq_lens)
+                    for path in ("upstream", "ours")
+                }
+            ),
+            "ours",
+            ["upstream"],
+        )
+        print(name, flush=True)
+
+    report["host_breakdown_us"] = {
+        name: host_breakdown(SHAPES[name]) for name in ("1x256k", "1x1M", "256 mixed")
+    }
+    print(json.dumps(report["host_breakdown_us"]), flush=True)
 
     cycles = sleep_cycles_for(5.0)
-    report["blocked_behind_5ms"] = {
-        name: {
-            path: host_time(PATHS[path], seq_lens, reps=40, queued_cycles=cycles)
-            for path in ("legacy", "ours")
-        }
-        for name, seq_lens in (
-            ("8x8k", SHAPES["8x8k"]),
-            ("256 mixed", SHAPES["256 mixed"]),
-        )
-    }
     report["queued_work_ms"] = queued_ms(cycles)
-    print(json.dumps(report["blocked_behind_5ms"]), flush=True)
+    report["blocked_behind_5ms_us"] = {
+        name: summarize(
+            interleaved(
+                {
+                    path: functools.partial(
+                        host_round, PATHS[path], SHAPES[name], STEPS_PER_ROUND, cycles
+                    )
+                    for path in ("legacy", "ours")
+                }
+            ),
+            "ours",
+            ["legacy"],
+        )
+        for name in ("8x8k", "256 mixed")
+    }
 
-    report["pipelined"] = {}
-    for name, seq_lens in {
-        "small: 4x1k + 12 decodes": [1] * 12 + [1024] * 4,
-        "large: 8x8k": [8192] * 8,
-    }.items():
-        before = pipelined_steps(seq_lens, patched=False)
-        after = pipelined_steps(seq_lens, patched=True)
-        report["pipelined"][name] = {
-            "0.27.1 ms/step": before[0],
-            "0.27.1 GPU idle us/step": before[1],
-            "patched ms/step": after[0],
-            "patched GPU idle us/step": after[1],
-        }
-        print(name, json.dumps(report["pipelined"][name]), flush=True)
+    wait_cycles = sleep_cycles_for(OTHER_GPU_MS / LAYERS)
+    report["step_model"] = {
+        "layers": LAYERS,
+        "kda_layers": sum(layer % 4 != 3 for layer in range(LAYERS)),
+        "other_gpu_ms_per_step": OTHER_GPU_MS,
+        "wait_per_layer_ms": queued_ms(wait_cycles),
+        "ms_per_step": {},
+    }
+    for name, seq_lens in MODEL_BATCHES.items():
+        inputs = kda_inputs(seq_lens, seed=0)
+        report["step_model"]["ms_per_step"][name] = summarize(
+            interleaved(
+                {
+                    side: functools.partial(
+                        model_round, seq_lens, side == "patched", inputs, wait_cycles
+                    )
+                    for side in ("0.27.1", "patched")
+                }
+            ),
+            "patched",
+            ["0.27.1"],
+        )
+        print(name, flush=True)
 
     out = Path(os.environ.get("OUT", "/tmp")) / "bench.json"
     out.write_text(json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
+    print_tables(report)
+
+
+def print_tables(report):
+    def cell(entry):
+        return f"{entry['median']:.1f} ({entry['min']:.1f}-{entry['max']:.1f})"
+
+    print("shape | host us: 0.27.1 | legacy | upstream | ours (won vs upstream)")
+    for name, row in report["host_us"].items():
+        print(
+            name,
+            *(cell(row[p]) for p in ("host-0.27.1", "legacy", "upstream", "ours")),
+            row["ours"]["rounds won vs upstream"],
+            sep=" | ",
+        )
+    print("shape | kernel us: upstream | ours (won)")
+    for name, row in report["kernel_us"].items():
+        print(
+            name,
+            cell(row["upstream"]),
+            cell(row["ours"]),
+            row["ours"]["rounds won vs upstream"],
+            sep=" | ",
+        )
+    for name, row in report["blocked_behind_5ms_us"].items():
+        print("blocked", name, cell(row["legacy"]), cell(row["ours"]), sep=" | ")
+    for name, row in report["step_model"]["ms_per_step"].items():
+        before, after = row["0.27.1"]["median"], row["patched"]["median"]
+        print(
+            "model",
+            name,
+            cell(row["0.27.1"]),
+            cell(row["patched"]),
+            f"{(before - after) / before:.1%}",
+            row["patched"]["rounds won vs 0.27.1"],
+            sep=" | ",
+        )
 
 
 if __name__ == "__main__":

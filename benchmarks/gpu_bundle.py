@@ -7,6 +7,7 @@ the vLLM 0.28.0 wheel (for comparison only; never committed).
 """
 
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +35,9 @@ KERNEL_FILES = [
     ),
 ]
 SERIES_MODULE = "vllm/models/kimi_k3/amd/kda_metadata.py"
+# The last commit before the kernel became a source file (gpu_ablation.py
+# times its kernel as "previous").
+PREVIOUS = "35938ce"
 
 
 def copy(src_root: Path, dest_root: Path, files: list[str]) -> None:
@@ -45,11 +49,29 @@ def copy(src_root: Path, dest_root: Path, files: list[str]) -> None:
     (dest_root / "vllm" / "__init__.py").write_text("")
 
 
+def save_previous_kernel() -> None:
+    """The kernel of the last series revision before it became a source file
+    (for gpu_ablation.py), cut out of that revision's patch 0002 if this
+    checkout's git history has it."""
+    shown = subprocess.run(
+        ["git", "show", f"{PREVIOUS}:patches/0002-kimi-k3-rocm-kda-backend.patch"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    if shown.returncode:
+        return
+    body = shown.stdout.split("\n@@ -0,0 ", 1)[1].split("\n", 1)[1]
+    code = "".join(line[1:] + "\n" for line in body.splitlines())
+    (BUNDLE / "previous_kda_metadata.py").write_text(code)
+
+
 def main() -> None:
     shutil.rmtree(BUNDLE, ignore_errors=True)
     copy(patched_tree(), BUNDLE / "patched", [*KERNEL_FILES, SERIES_MODULE])
     copy(installed_root(), BUNDLE / "pristine", KERNEL_FILES)
     copy(UPSTREAM_TREE, BUNDLE / "upstream", [SERIES_MODULE])
+    save_previous_kernel()
     print(f"bundle in {BUNDLE}")
 
 

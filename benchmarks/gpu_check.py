@@ -1,7 +1,9 @@
 """GPU proof of the series, in one call on the lent H200:
 
 1. the device metadata kernel equals the reference semantics
-   (k3rocm.chunk_reference) on the edge cases and on 10,000 random batches;
+   (k3rocm.chunk_reference) on the edge cases, on batches either side of
+   every tile and prefix-width boundary, and on 10,000 random batches, every
+   variant launched directly (its compiled binary, not Triton's dispatcher);
 2. a full prefill step of a mixed batch (the series' metadata build, then
    vLLM 0.27.1's vendored AMD KDA chunk kernels with the series applied)
    runs clean under torch.cuda.set_sync_debug_mode("error"), while the
@@ -68,7 +70,7 @@ def tile_boundary_batches() -> list[list[int]]:
     counts = {1, 2000}
     for seq_tile, _, _ in kernel._TILE_SHAPES:
         counts |= {seq_tile - 1, seq_tile, seq_tile + 1, 2 * seq_tile + 1}
-    for width in (kernel._MIN_PREFIX_LANES,):
+    for width in kernel._PREFIX_WIDTHS:
         counts |= {width - 1, width, width + 1}
     batches = []
     for _, chunk_tile, _ in kernel._TILE_SHAPES:
@@ -156,6 +158,13 @@ def main() -> None:
     results["kernel_batches_checked"] = kernel_matches_reference(
         prepare_chunk_metadata_device, reference_chunk_metadata
     )
+    import vllm.models.kimi_k3.amd.kda_metadata as kernel
+
+    # Every variant those batches ran went through the compiled binary, not
+    # Triton's dispatcher.
+    launches = kernel._LAUNCHES.values()
+    results["variants_run"] = len(launches)
+    results["direct_launch"] = all(f.__name__ == "direct" for f in launches)
 
     run_kda(kda_ops, MIXED, seed=1, prepare=prepare_chunk_metadata_device)
     patched_error = raises_sync(
@@ -188,6 +197,9 @@ def main() -> None:
         claim
         for claim, holds in {
             "no sync on the patched path": patched_error is None,
+            "launched without the JIT dispatcher": results["direct_launch"],
+            "every variant run": results["variants_run"]
+            == len(kernel._TILE_SHAPES) * (len(kernel._PREFIX_WIDTHS) + 1),
             "the detector sees 0.27.1's sync": unpatched_error is not None,
             "same as chunk_indices=None": results["same_as_chunk_indices_none"],
             "same as unpatched 0.27.1": results["rel_err_vs_unpatched_0_27_1"] < 1e-2,

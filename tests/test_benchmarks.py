@@ -32,7 +32,7 @@ def test_bundle_holds_patched_pristine_and_upstream_kernels(bundle):
 
 
 def test_gpu_scripts_import_against_the_bundle(bundle):
-    for script in ("gpu_check", "gpu_bench"):
+    for script in ("gpu_check", "gpu_bench", "gpu_compiles", "gpu_ablation"):
         result = subprocess.run(
             [sys.executable, "-c", f"import {script}"],
             cwd=BENCHMARKS,

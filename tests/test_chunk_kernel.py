@@ -18,6 +18,7 @@ from vllm.third_party.flash_linear_attention.ops.index import (
 )
 
 from k3rocm.chunk_reference import cu_seqlens_of, reference_chunk_metadata
+from k3rocm.kernels import kda_metadata
 from k3rocm.kernels.kda_metadata import prepare_chunk_metadata_device
 
 
@@ -97,7 +98,9 @@ def test_edge_case(seq_lens):
 # Up to 256 tokens the kernel takes 64-sequence tiles, beyond it 2-sequence
 # tiles; its prefix load widens past 128 sequences.
 @pytest.mark.parametrize("longest", [256, 300])
-@pytest.mark.parametrize("num_seqs", [1, 63, 64, 65, 127, 128, 129, 2000])
+@pytest.mark.parametrize(
+    "num_seqs", [1, 63, 64, 65, 127, 128, 129, 1023, 1024, 1025, 2000]
+)
 def test_sequence_counts_around_tile_boundaries(num_seqs, longest):
     generator = torch.Generator().manual_seed(num_seqs)
     seq_lens = torch.randint(0, longest + 1, (num_seqs,), generator=generator)
@@ -126,3 +129,92 @@ def test_long_prompt_among_decodes_and_padding():
 )
 def test_random_batches_match_reference(seq_lens):
     assert_matches_reference(seq_lens)
+
+
+# --- the compiled variants: each one tested, none unreachable -------------
+
+# The last width index is the widest width with its loop.
+ALL_VARIANTS = [
+    (tile, width)
+    for tile in range(len(kda_metadata._TILE_SHAPES))
+    for width in range(len(kda_metadata._PREFIX_WIDTHS) + 1)
+]
+
+
+def batch_selecting(variant, loops=False):
+    """A batch whose sequence count and longest sequence select `variant`;
+    with `loops`, more sequences than the widest prefix load covers."""
+    tile, width = variant
+    shapes, widths = kda_metadata._TILE_SHAPES, kda_metadata._PREFIX_WIDTHS
+    num_seqs = widths[width - 1] + 1 if width else 5
+    if loops:
+        num_seqs = 2 * widths[-1] + 1
+    most_chunks = shapes[tile - 1][1] + 1 if tile else shapes[0][1]
+    generator = torch.Generator().manual_seed(tile * 10 + width)
+    seq_lens = torch.randint(0, 64 * most_chunks, (num_seqs,), generator=generator)
+    seq_lens[num_seqs // 2] = 64 * most_chunks
+    return seq_lens.tolist()
+
+
+@pytest.mark.parametrize("variant", ALL_VARIANTS, ids=str)
+def test_every_variant_matches_reference(variant):
+    seq_lens = batch_selecting(variant)
+    most_chunks = -(-max(seq_lens) // 64)
+    assert kda_metadata.select_variant(len(seq_lens), most_chunks) == variant
+    assert_matches_reference(seq_lens)
+
+
+def test_prefix_load_loops_past_the_widest_width():
+    variant = (0, len(kda_metadata._PREFIX_WIDTHS))
+    seq_lens = batch_selecting(variant, loops=True)
+    assert len(seq_lens) > 2 * kda_metadata._PREFIX_WIDTHS[-1]
+    assert kda_metadata.select_variant(len(seq_lens), 4) == variant
+    assert_matches_reference(seq_lens)
+
+
+def test_every_variant_is_reachable_and_no_other_exists():
+    assert sorted(kda_metadata.reachable_variants(1 << 20, 1 << 30)) == ALL_VARIANTS
+    selected = {
+        kda_metadata.select_variant(num_seqs, most_chunks)
+        for num_seqs in range(1, 4000, 7)
+        for most_chunks in range(0, 600, 3)
+    }
+    assert selected == set(ALL_VARIANTS)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    max_num_seqs=st.integers(1, 4096),
+    max_num_batched_tokens=st.integers(1, 1 << 21),
+    data=st.data(),
+)
+def test_warm_up_covers_every_batch_within_the_limits(
+    max_num_seqs, max_num_batched_tokens, data
+):
+    """Whatever batch the scheduler can form under its limits runs a variant
+    the warm-up made: no compile after the builder is constructed."""
+    reachable = kda_metadata.reachable_variants(max_num_seqs, max_num_batched_tokens)
+    num_seqs = data.draw(st.integers(1, max_num_seqs))
+    longest = data.draw(st.integers(0, max_num_batched_tokens))
+    variant = kda_metadata.select_variant(num_seqs, -(-longest // 64))
+    assert variant in reachable
+
+
+def test_recipe_limits_reach_few_variants():
+    # Kimi-K3's AMD recipe: --max-num-seqs 128 --max-num-batched-tokens 4096.
+    assert kda_metadata.reachable_variants(128, 4096) == [(0, 0), (1, 0), (2, 0)]
+    assert kda_metadata.reachable_variants(128, 256) == [(0, 0)]
+    assert kda_metadata.reachable_variants(129, 2048) == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+    ]
+
+
+def test_warm_up_prepares_each_reachable_variant_once():
+    first = kda_metadata.warm_up_chunk_metadata(300, 1 << 16, "cpu")
+    assert first.variants == tuple(kda_metadata.reachable_variants(300, 1 << 16))
+    again = kda_metadata.warm_up_chunk_metadata(300, 1 << 16, "cpu")
+    assert again.variants == first.variants and again.prepared == 0
+    assert again.seconds >= 0

@@ -119,3 +119,18 @@ def test_generic_metadata_would_be_wrong_for_the_kimi_layer(builders):
     assert_describes(
         kimi.chunk_indices, kimi.chunk_offsets, kimi.non_spec_query_start_loc
     )
+
+
+def test_kimi_builder_warms_up_every_reachable_variant_at_construction(builders):
+    """The builder is constructed before the server is ready: every kernel
+    variant its scheduler limits can reach is made then, never in a step."""
+    import vllm.models.kimi_k3.amd.kda_metadata as kernel
+
+    for made in builders.values():
+        builder = made["kimi"]
+        scheduler = builder.vllm_config.scheduler_config
+        assert builder.chunk_metadata_warm_up.variants == tuple(
+            kernel.reachable_variants(
+                scheduler.max_num_seqs, scheduler.max_num_batched_tokens
+            )
+        )
