@@ -30,6 +30,7 @@ from vllm_trees import REPO
 pytestmark = pytest.mark.docker
 PROJECT = "k3rocmtest"
 PROMETHEUS_IMAGE = "k3rocm-test-prometheus:debian"
+ALERTMANAGER_IMAGE = "k3rocm-test-alertmanager:debian"
 SECRETS = {
     "api_key": "sk-test-5f1c2e-never-in-an-environment",
     "hf_token": "hf_test_token_never_in_an_environment",
@@ -42,17 +43,18 @@ POISON = {"HF_TOKEN": "hf_poison_from_dotenv", "GRAFANA_ADMIN_PASSWORD": "poison
 CPU_ONLY_ENV = {"VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TRITON_INTERPRET"}
 
 
-def prometheus_image(base: str, context: Path) -> str:
-    """Prometheus from Debian's package (the binary `scripts/test` installs)."""
-    binary = shutil.which("prometheus")
-    assert binary, "Debian's prometheus package is missing (scripts/test installs it)"
-    shutil.copy(binary, context / "prometheus")
+def debian_image(base: str, command: str, name: str, context: Path) -> str:
+    """A test-only image of a monitoring server from Debian's package (the
+    binary `scripts/test` installs on this machine)."""
+    binary = shutil.which(command)
+    assert binary, f"{command} is missing (scripts/test installs its Debian package)"
+    context.mkdir()
+    shutil.copy(binary, context / "server")
     (context / "Dockerfile").write_text(
-        f"FROM {base}\nCOPY prometheus /bin/prometheus\n"
-        'ENTRYPOINT ["/bin/prometheus"]\n'
+        f'FROM {base}\nCOPY server /bin/server\nENTRYPOINT ["/bin/server"]\n'
     )
-    docker("build", "--network", "none", "--tag", PROMETHEUS_IMAGE, str(context))
-    return PROMETHEUS_IMAGE
+    docker("build", "--network", "none", "--tag", name, str(context))
+    return name
 
 
 def compose(*args: str, files: list[Path], env_file: Path, timeout: float = 600):
@@ -77,9 +79,12 @@ def secret_file(path: Path, text: str, owner: int = 1000) -> Path:
 @pytest.fixture(scope="module")
 def project(image, standin, model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compose")
-    context = tmp / "prometheus-image"
-    context.mkdir()
-    prometheus = prometheus_image(standin, context)
+    prometheus = debian_image(
+        standin, "prometheus", PROMETHEUS_IMAGE, tmp / "prometheus-image"
+    )
+    alertmanager = debian_image(
+        standin, "prometheus-alertmanager", ALERTMANAGER_IMAGE, tmp / "am-image"
+    )
 
     stack = yaml.safe_load((REPO / "compose.yaml").read_text())
     server = stack["services"]["kimi-k3"]
@@ -95,6 +100,7 @@ def project(image, standin, model, tmp_path_factory):
                 "services": {
                     "kimi-k3": {"image": image, "environment": cpu_env},
                     "prometheus": {"image": prometheus},
+                    "alertmanager": {"image": alertmanager},
                 }
             }
         )
@@ -209,9 +215,14 @@ def test_prometheus_scrapes_the_server_and_loaded_the_rules(project):
         lambda: json.loads(http(query, timeout=5)[1])["data"]["result"] != [],
         120,
     )
+    # Alerts have somewhere to go: the compose service Alertmanager.
+    managers = json.loads(http(f"{prometheus}/api/v1/alertmanagers")[1])["data"]
+    assert [m["url"] for m in managers["activeAlertmanagers"]] == [
+        "http://alertmanager:9093/api/v2/alerts"
+    ]
     rules = json.loads(http(f"{prometheus}/api/v1/rules")[1])["data"]["groups"]
     names = {rule["name"] for group in rules for rule in group["rules"]}
-    assert {"KimiK3ServerDown", "SmokeTestFailed"} <= names
+    assert {"KimiK3ServerDown", "KimiK3LoadSlow", "SmokeTestFailed"} <= names
 
 
 def test_no_secret_reaches_any_environment(project):
