@@ -152,10 +152,11 @@ def stop_gracefully(
     base_url: str,
     signals: list[int],
 ) -> None:
-    write_drain_mark(directory, time.time() + budget.drain_seconds)
+    deadline = time.time() + budget.drain_seconds
+    write_drain_mark(directory, deadline)
     wait_drained(
         f"{base_url}/metrics",
-        time.time() + budget.drain_seconds,
+        deadline,
         interrupted=lambda: len(signals) > 1 or supervisord.poll() is not None,
         log=_log,
     )
