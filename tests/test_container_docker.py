@@ -143,11 +143,13 @@ def _health_status(container: Container) -> int | None:
 
 
 class Stream(threading.Thread):
-    """One streaming completion, read to its end."""
+    """One streaming completion, read to its end. A slow reader may get
+    several tokens in one event, so the count comes from the final usage."""
 
     def __init__(self, base_url: str):
         super().__init__(daemon=True)
         self.base_url = base_url
+        self.events = 0
         self.tokens = 0
         self.done = False
         self.errors: list[str] = []
@@ -159,6 +161,7 @@ class Stream(threading.Thread):
             "max_tokens": STREAM_TOKENS,
             "ignore_eos": True,
             "stream": True,
+            "stream_options": {"include_usage": True},
         }
         request = urllib.request.Request(
             f"{self.base_url}/v1/completions",
@@ -175,8 +178,10 @@ class Stream(threading.Thread):
                         event = json.loads(line[6:])
                         if "error" in event:
                             self.errors.append(str(event["error"]))
+                        elif event.get("usage"):
+                            self.tokens = event["usage"]["completion_tokens"]
                         else:
-                            self.tokens += 1
+                            self.events += 1
         except OSError as err:
             self.errors.append(repr(err))
 
@@ -187,7 +192,7 @@ def test_docker_stop_drains_every_accepted_stream(served):
     for stream in streams:
         stream.start()
     served.wait_for(
-        "every stream under way", lambda: all(s.tokens > 0 for s in streams), 120
+        "every stream under way", lambda: all(s.events > 0 for s in streams), 120
     )
     stopper = threading.Thread(
         target=docker, args=("stop", served.name), kwargs={"timeout": 300}
