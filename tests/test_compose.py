@@ -216,3 +216,14 @@ def test_env_example_sets_only_what_it_must():
     assigned = re.findall(r"^([A-Z][A-Z0-9_]+)=(.*)$", ENV_EXAMPLE, re.M)
     empty = {name for name, value in assigned if not value}
     assert empty == {"RENDER_GID"}
+
+
+def test_prometheus_gets_every_rule_file_it_loads():
+    """rule_files are globs: a file that is not mounted loads nothing, silently."""
+    config = yaml.safe_load((REPO / "monitoring" / "prometheus.yml").read_text())
+    mounts = {
+        volume.split(":")[1]: volume.split(":")[0]
+        for volume in COMPOSE["services"]["prometheus"]["volumes"]
+    }
+    for rule_file in config["rule_files"]:
+        assert mounts[f"/etc/prometheus/{rule_file}"] == f"./monitoring/{rule_file}"

@@ -109,7 +109,7 @@ def test_warn_policy_serves_with_failed_smoke_and_vllm_killed_once_restarts(
     assert first is not None
     os.kill(first, signal.SIGKILL)
     tree.wait_for("vLLM restart", lambda: tree.vllm_pid() not in (None, first), 60)
-    assert "vLLM died; restart 1 of 3" in tree.log
+    assert "vLLM exited unasked; restart 1 of 3" in tree.log
     tree.wait_for("healthy again", lambda: tree.health().returncode == 0, 180)
     # The dead vLLM's engine processes were reaped before the restart.
     assert "killed what was left of the previous vLLM" in tree.log
