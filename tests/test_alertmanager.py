@@ -5,9 +5,7 @@ processes with the shipped routing, deliver firing rules to a local webhook."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import signal
 import subprocess
 import threading
 import time
@@ -19,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from processes import running
 from vllm_server import free_port, http_get
 
 REPO = Path(__file__).resolve().parents[1]
@@ -250,23 +249,6 @@ TEST_RULES = {
         }
     ]
 }
-
-
-@contextlib.contextmanager
-def running(command: list[str], log: Path) -> Iterator[None]:
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        yield
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,6 @@ import json
 import os
 import random
 import re
-import signal
-import subprocess
 import sys
 import time
 import urllib.error
@@ -24,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from processes import running
 from prometheus_client.parser import text_string_to_metric_families
 from tiny_model import (
     SERVE_ARGS,
@@ -286,29 +285,24 @@ def prometheus(single_server, tmp_path_factory):
     ]
     jobs["kimi-k3-container"]["static_configs"][0]["labels"]["instance"] = target
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-    status = subprocess.Popen(
-        [sys.executable, "-m", "k3rocm.status"],
-        env={
-            **os.environ,
-            "K3_RUN_DIR": str(workdir / "run"),
-            "K3_STATUS_PORT": str(status_port),
-            "K3_PORT": str(server.port),
-        },
-    )
+    status = [sys.executable, "-m", "k3rocm.status"]
+    status_env = {
+        **os.environ,
+        "K3_RUN_DIR": str(workdir / "run"),
+        "K3_STATUS_PORT": str(status_port),
+        "K3_PORT": str(server.port),
+    }
     port = free_port()
-    with (workdir / "prometheus.log").open("wb") as log:
-        process = subprocess.Popen(
-            [
-                "prometheus",
-                f"--config.file={workdir / 'prometheus.yml'}",
-                f"--storage.tsdb.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
+    prometheus_command = [
+        "prometheus",
+        f"--config.file={workdir / 'prometheus.yml'}",
+        f"--storage.tsdb.path={workdir / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+    with (
+        running(status, workdir / "status.log", status_env),
+        running(prometheus_command, workdir / "prometheus.log"),
+    ):
         instance = Prometheus(f"http://127.0.0.1:{port}", target)
 
         def scraped() -> bool:
@@ -319,14 +313,6 @@ def prometheus(single_server, tmp_path_factory):
 
         wait_for(scraped, 60, "Prometheus to scrape vLLM")
         yield instance
-    finally:
-        status.terminate()
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 # -- the tests --------------------------------------------------------------------
