@@ -35,14 +35,18 @@ from k3rocm.series import Series
 pytestmark = pytest.mark.docker
 SERIES = Series(REPO / "patches")
 STREAMS = 16
-STREAM_TOKENS = 120
+# Long enough to be in flight when the stop comes, short enough for the drain.
+STREAM_TOKENS = 300
 
 
 @pytest.fixture(scope="module")
 def served(image, model):
     """One healthy cpu-dev server; the drain test at the end of this module
     stops it."""
-    with running_container(image, model, "k3rocm-test-served") as container:
+    # A stop budget of 120 s: a 90 s drain, room for every stream.
+    with running_container(
+        image, model, "k3rocm-test-served", stop_timeout=120
+    ) as container:
         container.start_phases = container.wait_healthy()
         yield container
 
@@ -203,6 +207,7 @@ def test_docker_stop_drains_every_accepted_stream(served):
         lambda: served.exec("test", "-e", "/run/k3rocm/draining").returncode == 0,
         30,
     )
+    in_flight_during_drain = sum(not s.done for s in streams)
     # New requests are refused while the accepted ones finish.
     status, body = http(
         f"{served.base_url}/v1/completions",
@@ -211,7 +216,6 @@ def test_docker_stop_drains_every_accepted_stream(served):
     assert status == 503, body
     health = served.exec("python3", "-m", "k3rocm.health")
     assert health.returncode == 1 and "draining" in health.stdout
-    in_flight_during_drain = sum(not s.done for s in streams)
     stopper.join(300)
     for stream in streams:
         stream.join(60)
