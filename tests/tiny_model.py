@@ -11,6 +11,9 @@ from pathlib import Path
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 MAX_MODEL_LEN = 512
+# The checkpoint's own limit: room for a server started with a longer
+# --max-model-len (the drain test's long streams); 512 stays the default.
+MAX_POSITIONS = 2048
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
 # Letters and lengths of the made-up words the tokenizer learns from; prompts
 # built from the same alphabet encode without <unk>.
@@ -61,7 +64,7 @@ def build_tiny_llama(directory: Path, seed: int = 0) -> Path:
                 "bos_token": "<s>",
                 "eos_token": "</s>",
                 "add_bos_token": False,
-                "model_max_length": MAX_MODEL_LEN,
+                "model_max_length": MAX_POSITIONS,
             }
         )
     )
@@ -75,7 +78,7 @@ def build_tiny_llama(directory: Path, seed: int = 0) -> Path:
         "num_attention_heads": 4,
         "num_key_value_heads": 4,
         "head_dim": 32,
-        "max_position_embeddings": MAX_MODEL_LEN,
+        "max_position_embeddings": MAX_POSITIONS,
         "rms_norm_eps": 1e-5,
         "hidden_act": "silu",
         "bos_token_id": tokenizer.token_to_id("<s>"),
