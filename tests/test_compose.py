@@ -26,7 +26,7 @@ from k3rocm.status import LOAD_ALERT_ENV, STATUS_PORT_ENV
 from k3rocm.stop_budget import DEFAULT_GRACE_SECONDS, GRACE_ENV
 from k3rocm.supervise import DEFAULTS
 
-# The smoke test's own settings (k3rocm.smoke.Settings.from_env).
+# The smoke test's own settings (k3rocm.smoke.settings.Settings.from_env).
 SMOKE_SETTINGS = (
     "K3_SMOKE_ON_FAILURE",
     "K3_SMOKE_STAGE1_TIMEOUT",

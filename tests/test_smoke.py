@@ -10,17 +10,22 @@ import time
 import pytest
 from vllm_trees import SERIES, copy_tree, installed_root, patched_tree
 
-from k3rocm import smoke
+from k3rocm.chunk_reference import CHUNK_SIZE
+from k3rocm.smoke.kernel_checks import KERNEL_BATTERY, compare_with_reference
+from k3rocm.smoke.report import Stage
+from k3rocm.smoke.settings import Settings
+from k3rocm.smoke.stage1 import check_patch_marker, run_stage1
+from k3rocm.smoke.timeouts import run_with_timeout
 from k3rocm.supervise import EXIT_SMOKE, EXIT_VLLM, Guard
 
 
-def statuses(stage: smoke.Stage) -> dict[str, str]:
+def statuses(stage: Stage) -> dict[str, str]:
     return {check.name: check.status for check in stage.checks}
 
 
 def test_stage1_on_cpu_runs_the_kernel_interpreted_and_skips_gpu_checks():
-    stage = smoke.Stage()
-    smoke.run_stage1(stage, SERIES)
+    stage = Stage()
+    run_stage1(stage, SERIES)
     assert statuses(stage) == {
         "patch marker": "pass",
         "kimi backend": "skip",
@@ -43,13 +48,13 @@ def test_kernel_check_catches_metadata_that_differs_from_the_reference():
 
     def legacy(cu_seqlens, _cu_seqlens_cpu):
         return (
-            prepare_chunk_indices(cu_seqlens, smoke.CHUNK_SIZE),
-            prepare_chunk_offsets(cu_seqlens, smoke.CHUNK_SIZE),
+            prepare_chunk_indices(cu_seqlens, CHUNK_SIZE),
+            prepare_chunk_offsets(cu_seqlens, CHUNK_SIZE),
         )
 
     # (An all-empty batch makes the legacy builder raise, not differ.)
-    battery = [b for b in smoke.KERNEL_BATTERY if b[0] != "all empty"]
-    mismatches = smoke.compare_with_reference(legacy, "cpu", battery)
+    battery = [b for b in KERNEL_BATTERY if b[0] != "all empty"]
+    mismatches = compare_with_reference(legacy, "cpu", battery)
     assert [m.split(" [")[0] for m in mismatches] == [
         "empty sequences front, middle, back"
     ]
@@ -57,36 +62,36 @@ def test_kernel_check_catches_metadata_that_differs_from_the_reference():
 
 def test_marker_check_fails_on_an_unpatched_or_drifted_tree(tmp_path):
     pristine = copy_tree(installed_root(), tmp_path / "pristine")
-    stage = smoke.Stage()
-    assert not smoke.check_patch_marker(stage, SERIES, pristine)
+    stage = Stage()
+    assert not check_patch_marker(stage, SERIES, pristine)
     assert "pristine" in stage.checks[0].detail
 
     drifted = copy_tree(patched_tree(), tmp_path / "drifted")
     layer = drifted / "vllm" / "models" / "kimi_k3" / "amd" / "kda_metadata.py"
     layer.write_text(layer.read_text() + "\n# edited after the build\n")
-    stage = smoke.Stage()
-    assert not smoke.check_patch_marker(stage, SERIES, drifted)
+    stage = Stage()
+    assert not check_patch_marker(stage, SERIES, drifted)
     assert "drifted" in stage.checks[0].detail
 
 
 def test_a_stage_that_hangs_fails_on_its_timeout():
-    stage = smoke.Stage()
-    in_time = smoke.run_with_timeout(lambda s: time.sleep(30), stage, 0.5)
+    stage = Stage()
+    in_time = run_with_timeout(lambda s: time.sleep(30), stage, 0.5)
     assert not in_time
     assert stage.status == "fail"
     assert statuses(stage) == {"timeout": "fail"}
 
 
 def test_a_stage_that_crashes_fails_instead_of_hanging():
-    stage = smoke.Stage()
-    assert smoke.run_with_timeout(lambda s: 1 / 0, stage, 5)
+    stage = Stage()
+    assert run_with_timeout(lambda s: 1 / 0, stage, 5)
     assert stage.status == "fail"
     assert "ZeroDivisionError" in stage.checks[0].detail
 
 
 def test_unknown_failure_policy_is_refused():
     with pytest.raises(ValueError, match="stop, warn"):
-        smoke.Settings.from_env({"K3_SMOKE_ON_FAILURE": "ignore"})
+        Settings.from_env({"K3_SMOKE_ON_FAILURE": "ignore"})
 
 
 def test_guard_bounds_vllm_restarts_and_stops_on_a_failed_smoke(tmp_path):

@@ -22,6 +22,7 @@ from k3rocm.json_file import UnreadableJson, read_json_file
 from k3rocm.patchset import Refusal, find_installed_target, inspect
 from k3rocm.rocm import DEFAULT_ROCM_ROOT, RocmVersionError, read_rocm_version
 from k3rocm.series import MARKER_NAME, Series, SeriesError, default_series_dir
+from k3rocm.states import PatchState
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,8 @@ def patch_series_label(target: Path | None = None, series: Series | None = None)
             log.warning("the patch marker in %s is not valid: %s", target, problem)
             return INVALID
         state = inspect(target, series)
-        if state.state != "applied":
-            return "none" if state.state == "pristine" else state.state
+        if state.state != PatchState.APPLIED:
+            return "none" if state.state == PatchState.PRISTINE else state.state
         series_id = state.marker["series_id"]
     except (Refusal, SeriesError, OSError) as err:
         log.warning("cannot tell which patch series vLLM carries: %s", err)

@@ -23,6 +23,7 @@ from pathlib import Path
 from k3rocm import patchset
 from k3rocm.rocm import DEFAULT_ROCM_ROOT, RocmVersionError, read_rocm_version
 from k3rocm.series import Series, default_series_dir
+from k3rocm.states import PatchState
 
 # The base image the series is verified against, and the ROCm release in it.
 # docker/Dockerfile's BASE_IMAGE default and scripts/build-image use these;
@@ -81,7 +82,7 @@ def patch(target: Path, series: Series, expected_series_id: str | None) -> str:
         state = patchset.inspect(target, series)
     except (patchset.Refusal, patchset.AlreadyUpstream) as err:
         raise BuildStepError(str(err)) from None
-    if state.state != "applied":
+    if state.state != PatchState.APPLIED:
         raise BuildStepError(f"after apply, {target} reads as {state.state}")
     return f"series {series.series_id} applied to vLLM {state.vllm_version} in {target}"
 

@@ -55,6 +55,7 @@ from vllm.v1.metrics.stats import (
 from k3rocm.build_info import install_build_info
 from k3rocm.contract import smoke_report_path
 from k3rocm.smoke_verdict import install_smoke_verdict
+from k3rocm.states import StepKind
 
 # From a 1 ms decode step on a small batch to prefill steps of many seconds
 # (a large token budget deep into a long context, or a stalled device).
@@ -66,12 +67,12 @@ STEP_DURATION_BUCKETS = (
 STEP_LABELS = ("model_name", "engine", "kind")
 
 
-def step_kind(details: SchedulerIterationDetails) -> str:
+def step_kind(details: SchedulerIterationDetails) -> StepKind:
     if details.is_dummy:
-        return "dummy"
+        return StepKind.DUMMY
     if details.num_ctx_requests and details.num_generation_requests:
-        return "mixed"
-    return "prefill" if details.num_ctx_requests else "decode"
+        return StepKind.MIXED
+    return StepKind.PREFILL if details.num_ctx_requests else StepKind.DECODE
 
 
 class StepMetrics:

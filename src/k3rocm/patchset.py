@@ -29,6 +29,7 @@ from k3rocm.patch_journal import locked_and_recovered, pending_journal, write_fi
 from k3rocm.patch_lock import Refusal
 from k3rocm.patch_marker import build_marker, read_marker
 from k3rocm.series import MARKER_NAME, Series, SeriesError, default_series_dir
+from k3rocm.states import PatchState
 
 EXIT_OK, EXIT_REFUSED, EXIT_UPSTREAM = 0, 1, 3
 _VERSION_RE = re.compile(
@@ -46,7 +47,7 @@ class AlreadyUpstream(Exception):
 class TreeState:
     target: str
     vllm_version: str
-    state: str  # pristine | applied | upstream
+    state: PatchState  # pristine | applied | upstream
     series_id: str
     marker: dict | None = None
     changed: bool = False  # this run wrote to the tree
@@ -101,7 +102,9 @@ def inspect(target: Path, series: Series) -> TreeState:
         )
     version = read_vllm_version(target)
     marker = read_marker(target)
-    state = TreeState(str(target), version, "pristine", series.series_id, marker)
+    state = TreeState(
+        str(target), version, PatchState.PRISTINE, series.series_id, marker
+    )
     if marker is not None:
         if marker.get("series_sha256") != series.sha256:
             raise Refusal(
@@ -110,11 +113,11 @@ def inspect(target: Path, series: Series) -> TreeState:
                 "(pristine) and apply this series"
             )
         _require_files_match(target, series, marker["patched_files"], "patched")
-        state.state = "applied"
+        state.state = PatchState.APPLIED
         return state
     if version != series.vllm_version:
         if _version_key(version) >= _version_key(series.upstream_since):
-            state.state = "upstream"
+            state.state = PatchState.UPSTREAM
             return state
         raise Refusal(
             f"found vLLM {version} in {target}, expected {series.vllm_version}; "
@@ -194,9 +197,9 @@ def apply(
         state = inspect(target, series)
         state.recovered = recovered
         state.changed = recovered == "finished an interrupted apply"
-        if state.state == "applied":
+        if state.state == PatchState.APPLIED:
             return state
-        if state.state == "upstream":
+        if state.state == PatchState.UPSTREAM:
             raise AlreadyUpstream(_upstream_message(state, series))
         with tempfile.TemporaryDirectory(prefix="k3rocm-stage-") as tmp:
             new_files = _stage(target, series, Path(tmp))
@@ -204,7 +207,7 @@ def apply(
         marker_bytes = (json.dumps(marker, indent=2) + "\n").encode()
         new_files[f"vllm/{MARKER_NAME}"] = marker_bytes  # last: it vouches for all
         write_files(target, new_files)
-    state.state, state.marker, state.changed = "applied", marker, True
+    state.state, state.marker, state.changed = PatchState.APPLIED, marker, True
     return state
 
 
@@ -218,9 +221,9 @@ def check(
     with _session(target, False, lock_timeout, on_wait) as recovered:
         state = inspect(target, series)
         state.recovered = recovered
-        if state.state == "upstream":
+        if state.state == PatchState.UPSTREAM:
             raise AlreadyUpstream(_upstream_message(state, series))
-        if state.state == "pristine":
+        if state.state == PatchState.PRISTINE:
             with tempfile.TemporaryDirectory(prefix="k3rocm-stage-") as tmp:
                 _stage(target, series, Path(tmp))
     return state
@@ -248,22 +251,22 @@ def _upstream_message(state: TreeState, series: Series) -> str:
     )
 
 
+_APPLIED = "series {series_id} on vLLM {vllm_version} in {target}"
 _MESSAGES = {  # command -> outcome -> message
     "apply": {
         "done": "applied series {series_id} to vLLM {vllm_version} in {target}",
-        "applied": "already applied: series {series_id} on vLLM {vllm_version} "
-        "in {target}",
+        PatchState.APPLIED: "already applied: " + _APPLIED,
     },
     "check": {
-        "pristine": "series {series_id} applies cleanly to vLLM {vllm_version} "
-        "in {target}",
-        "applied": "already applied: series {series_id} on vLLM {vllm_version} "
-        "in {target}",
+        PatchState.PRISTINE: "series {series_id} applies cleanly to vLLM "
+        "{vllm_version} in {target}",
+        PatchState.APPLIED: "already applied: " + _APPLIED,
     },
     "status": {
-        "pristine": "not applied: vLLM {vllm_version} in {target} is pristine",
-        "applied": "applied: series {series_id} on vLLM {vllm_version} in {target}",
-        "upstream": "upstream: vLLM {vllm_version} in {target} already has the change",
+        PatchState.PRISTINE: "not applied: vLLM {vllm_version} in {target} is pristine",
+        PatchState.APPLIED: "applied: " + _APPLIED,
+        PatchState.UPSTREAM: "upstream: vLLM {vllm_version} in {target} already "
+        "has the change",
     },
 }
 
@@ -307,16 +310,22 @@ def main(argv: list[str] | None = None) -> int:
         state = action(target, series, args.lock_timeout, say_waiting)
     except AlreadyUpstream as err:
         return _report(
-            args, {"ok": False, "state": "upstream", "message": str(err)}, EXIT_UPSTREAM
+            args,
+            {"ok": False, "state": PatchState.UPSTREAM, "message": str(err)},
+            EXIT_UPSTREAM,
         )
     except (Refusal, SeriesError) as err:
         return _report(
-            args, {"ok": False, "state": "refused", "message": str(err)}, EXIT_REFUSED
+            args,
+            {"ok": False, "state": PatchState.REFUSED, "message": str(err)},
+            EXIT_REFUSED,
         )
     except OSError as err:  # an unreadable file anywhere: say which, no traceback
         message = f"cannot read or write {err.filename or 'the tree'} ({err})"
         return _report(
-            args, {"ok": False, "state": "refused", "message": message}, EXIT_REFUSED
+            args,
+            {"ok": False, "state": PatchState.REFUSED, "message": message},
+            EXIT_REFUSED,
         )
     outcome = "done" if state.changed else state.state
     message = _MESSAGES[args.command][outcome].format(**asdict(state))

@@ -16,11 +16,12 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
 from k3rocm.json_file import UnreadableJson, read_json_file
+from k3rocm.states import Verdict
 
 log = logging.getLogger(__name__)
 
 VERDICT_PASS, VERDICT_FAIL, VERDICT_PENDING = 1, 0, -1
-_VERDICTS = {"pass": VERDICT_PASS, "fail": VERDICT_FAIL}
+_VERDICTS = {Verdict.PASS: VERDICT_PASS, Verdict.FAIL: VERDICT_FAIL}
 # How stale the verdict may be in multiprocess mode (well under any scrape
 # interval worth using).
 VERDICT_REFRESH_SECONDS = 5.0

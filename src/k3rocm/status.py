@@ -47,6 +47,7 @@ from k3rocm.contract import (
     smoke_report_path,
 )
 from k3rocm.json_file import UnreadableJson, read_json_file
+from k3rocm.states import Verdict
 
 PHASES = ("stage1", "loading", "stage2", "serving", "draining", "stopping")
 STATUS_PORT_ENV = "K3_STATUS_PORT"
@@ -83,7 +84,7 @@ def stage1_verdict(directory: Path, report: Path) -> int:
     except OSError:
         gate = b""
     if gate:
-        return 1 if gate == b"pass" else 0
+        return 1 if gate == Verdict.PASS.encode() else 0
     try:
         document = read_json_file(report)
     except (FileNotFoundError, UnreadableJson):
@@ -91,7 +92,11 @@ def stage1_verdict(directory: Path, report: Path) -> int:
     stages = document.get("stages") if isinstance(document, dict) else None
     stage = stages.get("stage1") if isinstance(stages, dict) else None
     status = stage.get("status") if isinstance(stage, dict) else None
-    return {"pass": 1, "fail": 0}.get(status, -1) if isinstance(status, str) else -1
+    return (
+        {Verdict.PASS: 1, Verdict.FAIL: 0}.get(status, -1)
+        if isinstance(status, str)
+        else -1
+    )
 
 
 class StartupCollector:

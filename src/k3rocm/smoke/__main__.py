@@ -1,0 +1,60 @@
+"""``python -m k3rocm.smoke [--stage 1]``: the smoke test's run, stage by
+stage, each under its timeout (see the package's docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import k3rocm.smoke
+from k3rocm.series import Series, default_series_dir
+from k3rocm.smoke.policy import finish
+from k3rocm.smoke.report import Report, Stage
+from k3rocm.smoke.settings import Settings
+from k3rocm.smoke.stage1 import run_stage1
+from k3rocm.smoke.stage2 import run_stage2
+from k3rocm.smoke.timeouts import exit_code, run_with_timeout
+from k3rocm.states import FailurePolicy, Verdict
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m k3rocm.smoke",
+        description=(k3rocm.smoke.__doc__ or "").split("\n\n")[0],
+    )
+    parser.add_argument("--stage", choices=["1"], help="run stage 1 only")
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env(dict(os.environ))
+    except (ValueError, OSError) as err:
+        print(f"k3rocm.smoke: {err}", file=sys.stderr)
+        return 2
+    series = Series(default_series_dir())
+    report = Report(policy=settings.policy, series_id=series.series_id)
+    report.stages["stage1"] = stage1 = Stage()
+    report.write(settings.report)
+
+    stage1_in_time = run_with_timeout(
+        lambda stage: run_stage1(stage, series), stage1, settings.stage1_timeout
+    )
+    report.write(settings.report)
+    if args.stage:
+        return exit_code(finish(report, settings, serving=False), stage1_in_time)
+    if stage1.status == Verdict.FAIL and settings.policy == FailurePolicy.STOP:
+        return exit_code(finish(report, settings, serving=True), stage1_in_time)
+    # vLLM may start now (see `python -m k3rocm.supervise serve`).
+    settings.stage1_gate.write_text(stage1.status + "\n")
+
+    report.stages["stage2"] = stage2 = Stage()
+    stage2_in_time = run_with_timeout(
+        lambda stage: run_stage2(stage, settings),
+        stage2,
+        settings.load_timeout + settings.stage2_timeout,
+    )
+    code = finish(report, settings, serving=True)
+    return exit_code(code, stage1_in_time and stage2_in_time)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

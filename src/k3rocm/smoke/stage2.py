@@ -1,0 +1,115 @@
+"""Stage 2, once vLLM answers ``/health``: a completion whose prompt spans
+several 64-token chunks, then new prefill step samples on ``/metrics``."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+
+from k3rocm.chunk_reference import CHUNK_SIZE
+from k3rocm.smoke.http import Http, wait_for_health
+from k3rocm.smoke.report import Stage
+from k3rocm.smoke.settings import Settings
+from k3rocm.states import PREFILL_KINDS, Verdict
+
+# The completion's prompt spans at least this many 64-token chunks.
+PROMPT_CHUNKS = 4
+PROMPT_SENTENCE = "the quick brown fox jumps over the lazy dog and runs far away "
+# The metrics plugin's step histogram; steps that prefill are `prefill` or
+# `mixed` (prefill and decode together).
+STEP_COUNT_METRIC = "k3rocm_engine_step_duration_seconds_count"
+
+
+def prefill_step_samples(metrics_text: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if (
+                sample.name == STEP_COUNT_METRIC
+                and sample.labels.get("kind") in PREFILL_KINDS
+            ):
+                total += sample.value
+    return total
+
+
+def long_prompt(http: Http, model: str, min_tokens: int) -> tuple[str, int]:
+    """A prompt the server's own tokenizer counts at least min_tokens for."""
+    prompt = PROMPT_SENTENCE
+    while True:
+        tokens = http.post("/tokenize", {"model": model, "prompt": prompt}, 30)
+        if tokens["count"] >= min_tokens:
+            return prompt, tokens["count"]
+        prompt += PROMPT_SENTENCE
+
+
+def run_stage2(stage: Stage, settings: Settings) -> None:
+    http = Http(settings.base_url, settings.api_key)
+    if not wait_for_health(http, settings.load_timeout):
+        stage.add(
+            "health",
+            Verdict.FAIL,
+            f"{settings.base_url}/health did not answer 200 within "
+            f"{settings.load_timeout:.0f} s (K3_SMOKE_LOAD_TIMEOUT)",
+        )
+        return
+    stage.add("health", Verdict.PASS, f"{settings.base_url}/health answers 200")
+    try:
+        model = json.loads(http.get("/v1/models")[1])["data"][0]["id"]
+        before = prefill_step_samples(http.get("/metrics")[1])
+        prompt, prompt_tokens = long_prompt(
+            http, model, (PROMPT_CHUNKS - 1) * CHUNK_SIZE + 1
+        )
+        answer = http.post(
+            "/v1/completions",
+            {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0},
+            timeout=settings.stage2_timeout,
+        )
+    except (OSError, urllib.error.URLError, KeyError, ValueError) as err:
+        stage.add(
+            "completion", Verdict.FAIL, f"request to {settings.base_url}: {err!r}"
+        )
+        return
+    served = answer.get("usage", {}).get("prompt_tokens", 0)
+    chunks = -(-served // CHUNK_SIZE)
+    if not answer.get("choices") or chunks < PROMPT_CHUNKS:
+        stage.add(
+            "completion",
+            Verdict.FAIL,
+            f"answer with {len(answer.get('choices', []))} choices for a "
+            f"{served}-token prompt; wanted a completion over {PROMPT_CHUNKS}+ "
+            "chunks",
+        )
+        return
+    stage.add(
+        "completion",
+        Verdict.PASS,
+        f"{model} completed a {prompt_tokens}-token prompt ({chunks} chunks)",
+    )
+    check_prefill_metrics(stage, http, before)
+
+
+def check_prefill_metrics(stage: Stage, http: Http, before: float) -> None:
+    # The plugin records a step when the engine reports it: allow a moment.
+    after = before
+    for _ in range(20):
+        after = prefill_step_samples(http.get("/metrics")[1])
+        if after > before:
+            break
+        time.sleep(0.5)
+    if after <= before:
+        stage.add(
+            "prefill metrics",
+            Verdict.FAIL,
+            f"/metrics shows no new {STEP_COUNT_METRIC} sample for kind "
+            f"{'/'.join(PREFILL_KINDS)} (still {before:.0f}): is the k3rocm "
+            "metrics plugin loaded (the launcher's metrics flags)?",
+        )
+        return
+    stage.add(
+        "prefill metrics",
+        Verdict.PASS,
+        f"{after - before:.0f} new prefill step samples on /metrics",
+    )
