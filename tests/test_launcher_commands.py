@@ -150,28 +150,6 @@ VARIANTS = (
     _native("tep16", 1, TEP16, disable_log_stats=False),
     _native("dep16", 0, DEP16, disable_log_stats=False),
     _native("dep16", 1, DEP16, disable_log_stats=False),
-    Variant(
-        "tep16-ray",
-        {"K3_PROFILE": "tep16-ray"},
-        {
-            **SINGLE,
-            **TEP16,
-            "distributed_executor_backend": "ray",
-            "disable_log_stats": True,
-        },
-    ),
-    Variant(
-        "dep16-ray",
-        {"K3_PROFILE": "dep16-ray"},
-        {
-            **SINGLE,
-            **DEP16,
-            "data_parallel_backend": "ray",
-            "data_parallel_size_local": 8,
-            "distributed_executor_backend": None,
-            "disable_log_stats": False,
-        },
-    ),
 )
 VARIANT_BY_NAME = {variant.name: variant for variant in VARIANTS}
 
@@ -323,6 +301,15 @@ def golden_cases() -> dict[str, tuple[dict[str, str], tuple[str, ...]]]:
         ("--master-port", "29600"),
     )
     cases["cpu-dev--default"] = ({"K3_PROFILE": "cpu-dev"}, ())
+    for rank in (0, 1):
+        cases[f"cpu-dev-2node-rank{rank}--default"] = (
+            {
+                "K3_PROFILE": "cpu-dev-2node",
+                "K3_NODE_RANK": str(rank),
+                "K3_MASTER_ADDR": MASTER_ADDR,
+            },
+            (),
+        )
     cases["cpu-dev--settings"] = (
         {
             "K3_PROFILE": "cpu-dev",
@@ -408,6 +395,21 @@ def test_cpu_dev_parses_as_a_plain_api_server(vllm_parsers, capsys):
     assert not args["trust_remote_code"]
     assert args["tensor_parallel_size"] == 1
     assert args["reasoning_parser"] in ("", None)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_cpu_dev_2node_parses_as_vllm_serve_over_two_nodes(vllm_parsers, capsys, rank):
+    """`vllm serve`, not the OpenAI server module: only the former runs a
+    headless node."""
+    env, argv = GOLDEN_CASES[f"cpu-dev-2node-rank{rank}--default"]
+    replayed, exported = replay(dry_run(capsys, env, argv))
+    assert replayed[:2] == ["vllm", "serve"]
+    args = vars(parse_with_vllm(vllm_parsers, replayed, capsys))
+    assert exported == {}
+    assert (args["tensor_parallel_size"], args["nnodes"]) == (2, 2)
+    assert (args["node_rank"], args["headless"]) == (rank, rank == 1)
+    assert args["master_addr"] == MASTER_ADDR
+    assert not args["trust_remote_code"]
 
 
 def test_settings_and_extra_args_reach_vllm(vllm_parsers, capsys):

@@ -188,10 +188,6 @@ INVALID = {
         {"K3_NUM_NODES": "2"},
         ["profile tp8 runs on one node", "tep16, dep16"],
     ),
-    "Ray profile on a worker node": (
-        {"K3_PROFILE": "dep16-ray", "K3_NODE_RANK": "1"},
-        ["Ray head node only", "ray start --address"],
-    ),
     "API key in extra arguments": (
         {"K3_EXTRA_ARGS": "--api-key=secret"},
         ["passes --api-key", "K3_API_KEY_FILE"],
@@ -369,7 +365,7 @@ def test_readme_documents_every_setting_profile_and_feature():
     section = readme.split("## Launching Kimi-K3", 1)[1].split("\n## ", 1)[0]
     for setting in SETTINGS:
         row = (
-            f"| `{setting.env}` | `{setting.option}` | {setting.default} | "
+            f"| `{setting.env}` | `{setting.option}` | {setting.shown_default} | "
             f"{setting.meaning} |"
         )
         assert row in section, f"README's settings table lacks or misstates {row}"
@@ -380,7 +376,7 @@ def test_readme_documents_every_setting_profile_and_feature():
 def test_help_lists_profiles_and_features(node):
     result = node.run("--help")
     assert result.returncode == 0
-    for name in ("tp8", "tep16-ray", "dep16-ray", "cpu-dev", "dspark", "fp8-kv"):
+    for name in ("tp8", "tep16", "dep16", "cpu-dev", "cpu-dev-2node", "dspark", "fp8-kv"):
         assert f"\n  {name} " in result.stdout, name
     assert not node.started()
 
@@ -616,23 +612,11 @@ UNUSED_SETTINGS = {
         {"K3_PROFILE": "cpu-dev", "K3_NODE_RANK": "1"},
         "K3_NODE_RANK (--node-rank)",
     ),
-    "node rank 0 on Ray": (
-        {"K3_PROFILE": "dep16-ray", "K3_NODE_RANK": "0"},
-        "K3_NODE_RANK (--node-rank)",
-    ),
     "master address on tep8": (
         {"K3_PROFILE": "tep8", "K3_MASTER_ADDR": "10.0.0.1"},
         "K3_MASTER_ADDR (--master-addr)",
     ),
     "master port on tp8": ({"K3_MASTER_PORT": "29501"}, "K3_MASTER_PORT"),
-    "master address on Ray": (
-        {"K3_PROFILE": "tep16-ray", "K3_MASTER_ADDR": "10.0.0.1"},
-        "K3_MASTER_ADDR (--master-addr)",
-    ),
-    "master port on Ray": (
-        {"K3_PROFILE": "dep16-ray", "K3_MASTER_PORT": "29600"},
-        "K3_MASTER_PORT (--master-port)",
-    ),
     "one node on tp8": ({"K3_NUM_NODES": "1"}, "K3_NUM_NODES (--num-nodes)"),
 }
 

@@ -140,14 +140,17 @@ def _flag_lines(args: tuple[str, ...]) -> list[tuple[str, ...]]:
 def _program(settings: LaunchSettings) -> tuple[str, ...]:
     if settings.vllm_command is not None:
         return (*settings.vllm_command, settings.model)
-    if not settings.profile.kimi_on_rocm:
+    profile = settings.profile
+    if not profile.kimi_on_rocm and profile.multi_node is MultiNode.NONE:
         return (sys.executable, "-m", CPU_DEV_SERVER_MODULE, "--model", settings.model)
+    # Only `vllm serve` runs headless nodes; the OpenAI server module ignores
+    # --headless and starts an API server anyway.
     return (*DEFAULT_VLLM_COMMAND, settings.model)
 
 
 def _parallel_args(settings: LaunchSettings) -> list[tuple[str, ...]]:
     profile: Profile = settings.profile
-    if not profile.kimi_on_rocm:
+    if profile.world_size == 1:
         return []
     args: list[tuple[str, ...]] = [
         ("--tensor-parallel-size", str(profile.tensor_parallel))
@@ -167,18 +170,6 @@ def _parallel_args(settings: LaunchSettings) -> list[tuple[str, ...]]:
         # Only node 0 serves the API; the others run engines/workers.
         if settings.node_rank > 0:
             args.append(("--headless",))
-    elif profile.multi_node is MultiNode.RAY:
-        if profile.data_parallel > 1:
-            args += [
-                ("--data-parallel-backend", "ray"),
-                # The head node's share; Ray places the other ranks.
-                (
-                    "--data-parallel-size-local",
-                    str(profile.data_parallel // settings.num_nodes),
-                ),
-            ]
-        else:
-            args.append(("--distributed-executor-backend", "ray"))
     return args
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Set
 
-from k3rocm.launcher.profiles import MultiNode, Profile
+from k3rocm.launcher.profiles import MULTI_NODE_PROFILES, MultiNode, Profile
 from k3rocm.launcher.setting_table import label
 
 # The node settings each kind of layout reads; given to another, they would
@@ -15,10 +15,7 @@ USED_NODE_SETTINGS = {
     MultiNode.NATIVE: frozenset(
         {"num_nodes", "node_rank", "master_addr", "master_port"}
     ),
-    # Ray finds its nodes itself; only the node count shapes the command.
-    MultiNode.RAY: frozenset({"num_nodes"}),
 }
-MULTI_NODE_PROFILES = "tep16, dep16, tep16-ray, dep16-ray"
 
 
 def check_layout(
@@ -41,8 +38,6 @@ def check_layout(
             f"on each; set it to a divisor of {profile.world_size} above 1, "
             f"normally {profile.default_num_nodes}."
         )
-        return nodes
-    if profile.multi_node is MultiNode.RAY:
         return nodes
     if node_rank is None:
         if "node_rank" not in given:
@@ -79,23 +74,11 @@ def _refuse_unused(
             problems.append(
                 f"{label('num_nodes')} is {shown_nodes}, but profile "
                 f"{profile.name} runs on one node; unset it, or pick a "
-                f"multi-node profile ({MULTI_NODE_PROFILES})."
-            )
-        elif name == "node_rank" and profile.multi_node is MultiNode.RAY:
-            rank = node_rank if node_rank is not None else "set"
-            problems.append(
-                f"{label('node_rank')} is {rank}, but profile {profile.name} "
-                "starts vLLM on the Ray head node only; on the other nodes run "
-                "`ray start --address=HEAD_ADDRESS:6379 --block` instead of the "
-                "launcher, and here unset the node rank."
+                f"multi-node profile ({', '.join(MULTI_NODE_PROFILES)})."
             )
         else:
-            why = (
-                "Ray finds the other nodes itself"
-                if profile.multi_node is MultiNode.RAY
-                else "it runs on one node"
-            )
             problems.append(
                 f"{label(name)} is set, but profile {profile.name} does not use it "
-                f"({why}); unset it, or pick a profile that does (tep16, dep16)."
+                "(it runs on one node); unset it, or pick a profile that does "
+                f"({', '.join(MULTI_NODE_PROFILES)})."
             )

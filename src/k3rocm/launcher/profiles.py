@@ -16,9 +16,7 @@ class MultiNode(Enum):
     # vLLM's own multi-node launch: the same command on every node with
     # --nnodes/--node-rank/--master-addr/--master-port, --headless on workers.
     NATIVE = "native"
-    # One command on the head node of a running Ray cluster; Ray places the
-    # workers on the other nodes.
-    RAY = "ray"
+    # No Ray profiles: see README, "Why no Ray profiles".
 
 
 @dataclass(frozen=True)
@@ -29,8 +27,11 @@ class Profile:
     data_parallel: int
     expert_parallel: bool
     multi_node: MultiNode
-    # False only for cpu-dev: no recipe flags, no AMD environment, no GPUs.
+    # False only for the cpu-dev profiles: no recipe flags, no AMD
+    # environment, no GPUs.
     kimi_on_rocm: bool = True
+    # Ranks each node runs: its GPUs (an MI355X/MI350X node carries 8).
+    ranks_per_node: int = 8
 
     @property
     def world_size(self) -> int:
@@ -40,11 +41,7 @@ class Profile:
     def default_num_nodes(self) -> int:
         if self.multi_node is MultiNode.NONE:
             return 1
-        return self.world_size // GPUS_PER_NODE
-
-
-# An MI355X/MI350X node carries 8 GPUs.
-GPUS_PER_NODE = 8
+        return self.world_size // self.ranks_per_node
 
 PROFILES: dict[str, Profile] = {
     profile.name: profile
@@ -77,23 +74,6 @@ PROFILES: dict[str, Profile] = {
             MultiNode.NATIVE,
         ),
         Profile(
-            "tep16-ray",
-            "tep16 on a Ray cluster, started on the head node only",
-            16,
-            1,
-            True,
-            MultiNode.RAY,
-        ),
-        Profile(
-            "dep16-ray",
-            "dep16 on a Ray cluster (Ray data-parallel backend), started on the "
-            "head node only",
-            1,
-            16,
-            True,
-            MultiNode.RAY,
-        ),
-        Profile(
             "cpu-dev",
             "development only: plain single-process vLLM for any model, no "
             "Kimi-K3 or AMD settings, no GPU check",
@@ -103,8 +83,25 @@ PROFILES: dict[str, Profile] = {
             MultiNode.NONE,
             kimi_on_rocm=False,
         ),
+        Profile(
+            "cpu-dev-2node",
+            "development only: cpu-dev over two nodes (vLLM native multi-node), "
+            "tensor parallel 2, one rank on each node",
+            2,
+            1,
+            False,
+            MultiNode.NATIVE,
+            kimi_on_rocm=False,
+            ranks_per_node=1,
+        ),
     )
 }
+# The multi-node profiles an operator of AMD nodes picks from.
+MULTI_NODE_PROFILES = tuple(
+    name
+    for name, profile in PROFILES.items()
+    if profile.multi_node is MultiNode.NATIVE and profile.kimi_on_rocm
+)
 DEFAULT_PROFILE = "tp8"
 
 # The recipe's AMD environment. VLLM_USE_BREAKABLE_CUDAGRAPH=0 is required on
