@@ -4,15 +4,21 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from k3rocm.setting_table import HOST, IMAGE_TAG, PORT, RUN_DIR, SMOKE_REPORT
+
 # Where the smoke test writes its JSON report (default: in the runtime
 # directory below); the metrics plugin reads it for the verdict gauge, the
 # container health check for readiness.
-SMOKE_REPORT_ENV = "K3_SMOKE_REPORT"
+SMOKE_REPORT_ENV = SMOKE_REPORT.env
 SMOKE_REPORT_NAME = "smoke-report.json"
 
 
-def smoke_report_path() -> Path:
-    return Path(os.environ.get(SMOKE_REPORT_ENV, run_dir() / SMOKE_REPORT_NAME))
+def smoke_report_path(environ: Mapping[str, str] | None = None) -> Path:
+    environ = os.environ if environ is None else environ
+    return Path(
+        environ.get(SMOKE_REPORT_ENV, "").strip()
+        or run_dir(environ) / SMOKE_REPORT_NAME
+    )
 
 
 # vLLM flags the step-latency metrics plugin (k3rocm.metrics) needs, for a
@@ -40,14 +46,14 @@ def vllm_metrics_args(*, single_api_server: bool) -> tuple[str, ...]:
 
 # The image's tag, set in the image; the metrics plugin reports it in
 # k3rocm_build_info.
-IMAGE_TAG_ENV = "K3_IMAGE_TAG"
+IMAGE_TAG_ENV = IMAGE_TAG.env
 
 # The container's runtime directory (k3rocm.supervise clears it at start):
 # the smoke test's ready mark (the health check needs it), its stage-1 gate
 # (vLLM starts only after it) and the drain mark (k3rocm.drain: written on
 # stop, refuses new requests).
-RUN_DIR_ENV = "K3_RUN_DIR"
-DEFAULT_RUN_DIR = Path("/run/k3rocm")
+RUN_DIR_ENV = RUN_DIR.env
+DEFAULT_RUN_DIR = RUN_DIR.default
 READY_MARK = "ready"
 STAGE1_GATE = "stage1-done"
 DRAIN_MARK = "draining"
@@ -58,14 +64,14 @@ DEATHS_FILE = "vllm-deaths"
 VLLM_GROUP_FILE = "vllm.pgid"
 
 
-def run_dir() -> Path:
-    return Path(os.environ.get(RUN_DIR_ENV, DEFAULT_RUN_DIR))
+def run_dir(environ: Mapping[str, str] | None = None) -> Path:
+    return Path(RUN_DIR.text(os.environ if environ is None else environ))
 
 
 # Where vLLM's API server listens (the launcher's K3_HOST / K3_PORT), as the
 # processes in the same container reach it.
-HOST_ENV, PORT_ENV = "K3_HOST", "K3_PORT"
-DEFAULT_PORT = 8000
+HOST_ENV, PORT_ENV = HOST.env, PORT.env
+DEFAULT_PORT = PORT.default
 _ANY_ADDRESS = {"", "0.0.0.0", "::", "[::]"}
 
 

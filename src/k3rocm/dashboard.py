@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from k3rocm.setting_table import STATUS_PORT
+
 UID = "kimi-k3-rocm"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 INSTANCE = 'instance=~"$instance"'
@@ -119,7 +121,8 @@ def panels() -> list[list[tuple[int, int, dict]]]:
         "type": "stat",
         "title": "Start-up phase",
         "description": "k3rocm_container_phase, from the container's own endpoint "
-        "(port 8001), up before vLLM serves: stage1, loading, stage2, serving, "
+        f"(port {STATUS_PORT.default}), up before vLLM serves: stage1, loading, "
+        "stage2, serving, "
         "draining, stopping.",
         "datasource": DATASOURCE,
         "options": {"colorMode": "none", "textMode": "name"},

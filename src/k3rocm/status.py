@@ -2,7 +2,7 @@
 
 vLLM serves no HTTP until the weights are loaded (hours for Kimi-K3), so
 Prometheus would see nothing of a start-up. supervisord's ``status`` program
-(``python -m k3rocm.status``) serves, on ``K3_STATUS_PORT`` (8001):
+(``python -m k3rocm.status``) serves, on ``K3_STATUS_PORT``:
 
 ``k3rocm_container_phase{phase}``
     1 for the current phase, 0 for the others: ``stage1`` (smoke stage 1,
@@ -47,13 +47,14 @@ from k3rocm.contract import (
     smoke_report_path,
 )
 from k3rocm.json_file import UnreadableJson, read_json_file
+from k3rocm.setting_table import LOAD_ALERT_SECONDS, STATUS_PORT
 from k3rocm.states import Verdict
 
 PHASES = ("stage1", "loading", "stage2", "serving", "draining", "stopping")
-STATUS_PORT_ENV = "K3_STATUS_PORT"
-DEFAULT_STATUS_PORT = 8001
-LOAD_ALERT_ENV = "K3_LOAD_ALERT_SECONDS"
-DEFAULT_LOAD_ALERT_SECONDS = 3 * 3600
+STATUS_PORT_ENV = STATUS_PORT.env
+DEFAULT_STATUS_PORT = STATUS_PORT.default
+LOAD_ALERT_ENV = LOAD_ALERT_SECONDS.env
+DEFAULT_LOAD_ALERT_SECONDS = LOAD_ALERT_SECONDS.default
 
 
 def vllm_answers(base_url: str) -> bool:

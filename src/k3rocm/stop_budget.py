@@ -20,8 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-GRACE_ENV = "K3_STOP_GRACE_SECONDS"
-DEFAULT_GRACE_SECONDS = 120
+from k3rocm.setting_table import STOP_GRACE_SECONDS
+
+GRACE_ENV = STOP_GRACE_SECONDS.env
+DEFAULT_GRACE_SECONDS = STOP_GRACE_SECONDS.default
 MIN_GRACE_SECONDS = 20
 MAX_GRACE_SECONDS = 24 * 3600
 

@@ -33,11 +33,9 @@ from pathlib import Path
 
 from k3rocm.contract import (
     DEATHS_FILE,
-    DEFAULT_RUN_DIR,
     DRAIN_MARK,
     READY_MARK,
     REASON_FILE,
-    RUN_DIR_ENV,
     SMOKE_REPORT_ENV,
     SMOKE_REPORT_NAME,
     STAGE1_GATE,
@@ -45,19 +43,31 @@ from k3rocm.contract import (
     BadAddress,
     api_base_url,
     run_dir,
+    smoke_report_path,
 )
 from k3rocm.drain import wait_drained, write_drain_mark
+from k3rocm.setting_table import (
+    RUN_DIR,
+    SMOKE_STAGE1_TIMEOUT,
+    SUPERVISORD_CONF,
+    VLLM_MAX_RESTARTS,
+    VLLM_START_SECONDS,
+    env_text,
+)
 from k3rocm.status import status_settings
 from k3rocm.stop_budget import InvalidGrace, StopBudget, budget_from_env
 
 EXIT_USAGE, EXIT_VLLM, EXIT_SMOKE = 2, 3, 4
+# What `run` fills in for the config's %(ENV_...)s and its own programs.
 DEFAULTS = {
-    RUN_DIR_ENV: str(DEFAULT_RUN_DIR),
-    "K3_SUPERVISORD_CONF": "/opt/k3rocm/docker/supervisord.conf",
-    # vLLM counts as started after this long; dying sooner is a failed start.
-    "K3_VLLM_START_SECONDS": "10",
-    "K3_VLLM_MAX_RESTARTS": "3",
-    "K3_SMOKE_STAGE1_TIMEOUT": "900",
+    setting.env: env_text(setting.default)
+    for setting in (
+        RUN_DIR,
+        SUPERVISORD_CONF,
+        VLLM_START_SECONDS,
+        VLLM_MAX_RESTARTS,
+        SMOKE_STAGE1_TIMEOUT,
+    )
 }
 # supervisord's wait between SIGTERM and SIGKILL for vLLM, derived from the
 # stop budget (k3rocm.stop_budget), for %(ENV_...)s in supervisord.conf.
@@ -126,7 +136,7 @@ def run() -> int:
             "supervisor.supervisord",
             "--nodaemon",
             "--configuration",
-            os.environ["K3_SUPERVISORD_CONF"],
+            os.environ[SUPERVISORD_CONF.env],
         ]
     )
     signals: list[int] = []
@@ -189,7 +199,7 @@ def serve() -> int:
     """Wait for smoke stage 1 (vLLM takes no traffic before it), then become
     the launcher, so supervisord's signals reach vLLM itself."""
     gate = run_dir() / STAGE1_GATE
-    timeout = float(os.environ.get("K3_SMOKE_STAGE1_TIMEOUT", "900")) + 60
+    timeout = float(SMOKE_STAGE1_TIMEOUT.text(os.environ)) + 60
     deadline = time.monotonic() + timeout
     while not gate.is_file():
         if time.monotonic() > deadline:
@@ -284,7 +294,7 @@ class Guard:
             event == "PROCESS_STATE_FATAL"
             or (event == "PROCESS_STATE_EXITED" and not expected)
         ):
-            report = Path(os.environ.get(SMOKE_REPORT_ENV, "smoke-report.json"))
+            report = smoke_report_path()
             if not report.is_file():
                 return EXIT_SMOKE, (
                     "the smoke test could not run (no report at "
@@ -300,9 +310,7 @@ def listen() -> int:
     from supervisor import childutils
 
     directory = run_dir()
-    guard = Guard(
-        int(os.environ.get("K3_VLLM_MAX_RESTARTS", "3")), directory / DEATHS_FILE
-    )
+    guard = Guard(int(VLLM_MAX_RESTARTS.text(os.environ)), directory / DEATHS_FILE)
     reason_file = directory / REASON_FILE
     while True:
         headers, payload = childutils.listener.wait(sys.stdin, sys.stdout)

@@ -7,8 +7,6 @@ first."""
 from __future__ import annotations
 
 import argparse
-import os
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,18 +22,25 @@ from k3rocm.launcher.profiles import (
     PROFILES,
     Profile,
 )
+from k3rocm.launcher.resolver import Resolver
 
 # The table of settings lives apart so that the checks can name settings
 # without importing this module; its names stay importable from here.
 from k3rocm.launcher.setting_table import (
-    FALSE_WORDS,
     SETTINGS,
     SETTINGS_BY_NAME,
-    TRUE_WORDS,
     InvalidSettings,
     Setting,
     label,
     shown,
+)
+from k3rocm.setting_table import (
+    DRI_DIR,
+    HOST,
+    MASTER_PORT,
+    MODEL,
+    PORT,
+    SERVED_MODEL_NAME,
 )
 from k3rocm.stop_budget import InvalidGrace, StopBudget, parse_grace
 
@@ -51,10 +56,6 @@ __all__ = [
     "resolve",
     "resolve_all",
 ]
-
-# More digits than any setting's number needs; Python refuses to convert
-# numbers of more than 4,300 digits at all.
-MAX_DIGITS = 18
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,9 @@ def argument_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     for setting in SETTINGS:
-        help_text = f"{setting.meaning} [{setting.env}; default: {setting.default}]"
+        help_text = (
+            f"{setting.meaning} [{setting.env}; default: {setting.shown_default}]"
+        )
         if setting.takes_value:
             parser.add_argument(setting.option, dest=setting.name, help=help_text)
         else:
@@ -140,114 +143,6 @@ class Resolution:
     invalid: frozenset[str]
 
 
-class _Resolver:
-    def __init__(self, raw: Mapping[str, str | None]):
-        self.raw = raw
-        self.problems: list[str] = []
-        self.invalid: set[str] = set()
-        self._texts: dict[str, str | None] = {}
-
-    def refuse(self, name: str, problem: str) -> None:
-        self.invalid.add(name)
-        self.problems.append(problem)
-
-    def text(self, name: str) -> str | None:
-        """The value without surrounding whitespace; None when unset or
-        refused (a NUL byte, only whitespace), reported once."""
-        if name not in self._texts:
-            self._texts[name] = self._checked_text(name)
-        return self._texts[name]
-
-    def _checked_text(self, name: str) -> str | None:
-        value = self.raw[name]
-        if value is None:
-            return None
-        if "\0" in value:
-            self.refuse(
-                name,
-                f"{label(name)} contains a NUL byte, which no command line or "
-                "environment can carry; remove it.",
-            )
-            return None
-        if not value.strip():
-            self.refuse(
-                name,
-                f"{label(name)} is {shown(value)}, only whitespace; set a value, "
-                "or unset it (or leave it empty) for the default.",
-            )
-            return None
-        return value.strip()
-
-    def integer(
-        self, name: str, minimum: int, maximum: int | None = None
-    ) -> int | None:
-        text = self.text(name)
-        if text is None:
-            return None
-        bounds = f"from {minimum} to {maximum}" if maximum else f"{minimum} or more"
-        if (
-            not (text.isascii() and text.isdigit())
-            or len(text) > MAX_DIGITS
-            or not (minimum <= int(text) <= (maximum or int(text)))
-        ):
-            self.refuse(
-                name,
-                f"{label(name)} is {shown(text)}, not a whole number {bounds}; set "
-                f"it to one, e.g. {SETTINGS_BY_NAME[name].option} "
-                f"{self._example(name, minimum)}.",
-            )
-            return None
-        return int(text)
-
-    def _example(self, name: str, minimum: int) -> str:
-        default = SETTINGS_BY_NAME[name].default
-        return default if default.isdigit() else str(max(minimum, 1))
-
-    def split(self, name: str) -> tuple[str, ...]:
-        text = self.text(name)
-        if text is None:
-            return ()
-        try:
-            return tuple(shlex.split(text))
-        except ValueError as error:
-            self.refuse(
-                name,
-                f"{label(name)} cannot be split like a shell command line "
-                f"({error}): {shown(text)}; balance its quotes.",
-            )
-            return ()
-
-    def boolean(self, name: str) -> bool:
-        text = (self.text(name) or "0").lower()
-        if text in TRUE_WORDS:
-            return True
-        if text not in FALSE_WORDS:
-            self.refuse(
-                name,
-                f"{label(name)} is {shown(text)}; set it to 1 or 0 (also accepted: "
-                f"{', '.join(TRUE_WORDS[1:])} / {', '.join(FALSE_WORDS[1:])}).",
-            )
-        return False
-
-    def path(self, name: str) -> str | None:
-        """The value with a leading ~ or ~user expanded, as a shell would
-        (vLLM gets no shell to do it)."""
-        text = self.text(name)
-        if text is None or not text.startswith("~"):
-            return text
-        expanded = os.path.expanduser(text)
-        if expanded.startswith("~"):
-            user = text[1:].split("/", 1)[0]
-            self.refuse(
-                name,
-                f"{label(name)} is {shown(text)}, but this node has no home "
-                f"directory for {shown(user or os.environ.get('USER', ''))}; write "
-                "the path out in full.",
-            )
-            return None
-        return expanded
-
-
 def resolve(
     raw: Mapping[str, str | None], passthrough: Sequence[str] = ()
 ) -> LaunchSettings:
@@ -264,7 +159,7 @@ def resolve_all(
 ) -> Resolution:
     """Typed settings with every problem that needs no look at this machine;
     a refused value is replaced by its default, so later checks can go on."""
-    resolver = _Resolver(raw)
+    resolver = Resolver(raw)
     problems = resolver.problems
 
     profile_name = resolver.text("profile") or DEFAULT_PROFILE
@@ -308,24 +203,24 @@ def resolve_all(
         stop_budget = parse_grace(None)
     api_key_file = resolver.path("api_key_file")
     settings = LaunchSettings(
-        model=resolver.path("model") or SETTINGS_BY_NAME["model"].default,
+        model=resolver.path("model") or MODEL.default,
         served_model_name=resolver.text("served_model_name")
-        or SETTINGS_BY_NAME["served_model_name"].default,
+        or SERVED_MODEL_NAME.default,
         profile=profile or PROFILES[DEFAULT_PROFILE],
         features=features,
         max_model_len=resolver.integer("max_model_len", 1),
         max_num_seqs=resolver.integer("max_num_seqs", 1)
         or (AMD_MAX_NUM_SEQS if profile and profile.kimi_on_rocm else None),
-        host=resolver.text("host") or SETTINGS_BY_NAME["host"].default,
-        port=resolver.integer("port", 1, 65535) or 8000,
+        host=resolver.text("host") or HOST.default,
+        port=resolver.integer("port", 1, 65535) or PORT.default,
         api_key_file=Path(api_key_file) if api_key_file is not None else None,
         extra_args=extra_args,
         num_nodes=num_nodes or 1,
         node_rank=node_rank,
         master_addr=master_addr,
-        master_port=master_port or 29501,
+        master_port=master_port or MASTER_PORT.default,
         gpu_count=resolver.integer("gpu_count", 0),
-        dri_dir=Path(resolver.path("dri_dir") or SETTINGS_BY_NAME["dri_dir"].default),
+        dri_dir=Path(resolver.path("dri_dir") or DRI_DIR.default),
         vllm_command=vllm_command,
         stop_budget=stop_budget,
         dry_run=resolver.boolean("dry_run"),
@@ -333,7 +228,7 @@ def resolve_all(
     return Resolution(settings, tuple(problems), frozenset(resolver.invalid))
 
 
-def _features(resolver: _Resolver, profile: Profile | None) -> tuple[str, ...]:
+def _features(resolver: Resolver, profile: Profile | None) -> tuple[str, ...]:
     text = resolver.text("features")
     if text is None:
         if "features" in resolver.invalid:

@@ -1,8 +1,9 @@
-"""The smoke test's settings, read from the container's environment."""
+"""The smoke test's settings, read from the container's environment (their
+defaults: k3rocm.setting_table)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,14 @@ from k3rocm.contract import (
     api_base_url,
     run_dir,
     smoke_report_path,
+)
+from k3rocm.setting_table import (
+    API_KEY_FILE,
+    SMOKE_LOAD_TIMEOUT,
+    SMOKE_ON_FAILURE,
+    SMOKE_STAGE1_TIMEOUT,
+    SMOKE_STAGE2_TIMEOUT,
+    Setting,
 )
 from k3rocm.states import FailurePolicy
 
@@ -36,41 +45,37 @@ class Settings:
         return self.run_dir / STAGE1_GATE
 
     @classmethod
-    def from_env(cls, environ: dict[str, str]) -> Settings:
-        def get(name: str, default: str) -> str:
-            # compose passes unset settings as empty strings.
-            return environ.get(name, "").strip() or default
-
-        policy = get("K3_SMOKE_ON_FAILURE", FailurePolicy.STOP)
+    def from_env(cls, environ: Mapping[str, str]) -> Settings:
+        policy = SMOKE_ON_FAILURE.text(environ)
         if policy not in tuple(FailurePolicy):
             raise ValueError(
-                f"K3_SMOKE_ON_FAILURE={policy!r}; use one of {', '.join(FailurePolicy)}"
+                f"{SMOKE_ON_FAILURE.env}={policy!r}; use one of "
+                f"{', '.join(FailurePolicy)}"
             )
-        key_file = get("K3_API_KEY_FILE", "")
+        key_file = API_KEY_FILE.text(environ)
         return cls(
             policy=FailurePolicy(policy),
-            report=smoke_report_path(),
-            run_dir=run_dir(),
+            report=smoke_report_path(environ),
+            run_dir=run_dir(environ),
             base_url=api_base_url(environ),
             api_key=Path(key_file).expanduser().read_text().strip()
             if key_file
             else None,
-            stage1_timeout=_seconds(get, "K3_SMOKE_STAGE1_TIMEOUT", "900"),
-            # Loading Kimi-K3's weights takes hours; the health check's start
-            # period is sized the same.
-            load_timeout=_seconds(get, "K3_SMOKE_LOAD_TIMEOUT", "21600"),
-            stage2_timeout=_seconds(get, "K3_SMOKE_STAGE2_TIMEOUT", "600"),
+            stage1_timeout=seconds(environ, SMOKE_STAGE1_TIMEOUT),
+            load_timeout=seconds(environ, SMOKE_LOAD_TIMEOUT),
+            stage2_timeout=seconds(environ, SMOKE_STAGE2_TIMEOUT),
         )
 
 
-def _seconds(get: Callable[[str, str], str], name: str, default: str) -> float:
-    text = get(name, default)
+def seconds(environ: Mapping[str, str], setting: Setting) -> float:
+    text = setting.text(environ)
     try:
         value = float(text)
     except ValueError:
         value = -1.0
     if not 0 < value < 1e7:
         raise ValueError(
-            f"{name}={text[:40]!r}; set a number of seconds, e.g. {default}"
+            f"{setting.env}={text[:40]!r}; set a number of seconds, "
+            f"e.g. {setting.default}"
         )
     return value
