@@ -1,16 +1,17 @@
-"""Names the launcher, the metrics plugin and the smoke test share."""
+"""Names the launcher, the metrics plugin, the smoke test and the container's
+processes share: the run directory's files (RUN_FILES, README's table "The
+run directory"), the API's address, the metrics flags."""
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from k3rocm.setting_table import HOST, IMAGE_TAG, PORT, RUN_DIR, SMOKE_REPORT
 
-# Where the smoke test writes its JSON report (default: in the runtime
-# directory below); the metrics plugin reads it for the verdict gauge, the
-# container health check for readiness.
+# Where the smoke test writes its JSON report (default: in the run directory,
+# see RUN_FILES below).
 SMOKE_REPORT_ENV = SMOKE_REPORT.env
-SMOKE_REPORT_NAME = "smoke-report.json"
 
 
 def smoke_report_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -48,20 +49,105 @@ def vllm_metrics_args(*, single_api_server: bool) -> tuple[str, ...]:
 # k3rocm_build_info.
 IMAGE_TAG_ENV = IMAGE_TAG.env
 
-# The container's runtime directory (k3rocm.supervise clears it at start):
-# the smoke test's ready mark (the health check needs it), its stage-1 gate
-# (vLLM starts only after it) and the drain mark (k3rocm.drain: written on
-# stop, refuses new requests).
 RUN_DIR_ENV = RUN_DIR.env
 DEFAULT_RUN_DIR = RUN_DIR.default
-READY_MARK = "ready"
-STAGE1_GATE = "stage1-done"
-DRAIN_MARK = "draining"
-# Why the container stops (k3rocm.supervise's guard writes it, `run` exits
-# with its code), the vLLM deaths so far, and the running vLLM's process group.
-REASON_FILE = "exit-reason.json"
-DEATHS_FILE = "vllm-deaths"
-VLLM_GROUP_FILE = "vllm.pgid"
+
+
+@dataclass(frozen=True)
+class RunFile:
+    """A file of the container's run directory (K3_RUN_DIR): the state its
+    processes share. ``k3rocm.supervise run`` removes every one at start."""
+
+    name: str
+    writer: str
+    readers: str
+    meaning: str
+    lifetime: str
+
+
+_UNTIL_NEXT_START = "until the container's next start"
+STAGE1_GATE_FILE = RunFile(
+    "stage1-done",
+    "k3rocm.smoke",
+    "k3rocm.supervise serve; k3rocm.status",
+    "Smoke stage 1 is over (its verdict inside); vLLM may start.",
+    _UNTIL_NEXT_START,
+)
+READY_FILE = RunFile(
+    "ready",
+    "k3rocm.smoke",
+    "k3rocm.health; k3rocm.status",
+    "Smoke stage 2 is over and serving goes on (its verdict inside: pass, or "
+    "fail under K3_SMOKE_ON_FAILURE=warn); the health check needs it.",
+    _UNTIL_NEXT_START,
+)
+SMOKE_REPORT_FILE = RunFile(
+    "smoke-report.json",
+    "k3rocm.smoke",
+    "k3rocm.smoke_verdict (metrics plugin); k3rocm.status; k3rocm.supervise listen",
+    "The smoke test's JSON report, rewritten as each stage ends (K3_SMOKE_REPORT "
+    "may put it elsewhere).",
+    _UNTIL_NEXT_START,
+)
+DRAIN_FILE = RunFile(
+    "draining",
+    "k3rocm.supervise run (k3rocm.drain)",
+    "k3rocm.drain in vLLM's API server; k3rocm.health; k3rocm.status",
+    "A stop is draining: new requests get 503 until the deadline inside.",
+    "from the stop signal to the container's exit",
+)
+EXIT_REASON_FILE = RunFile(
+    "exit-reason.json",
+    "k3rocm.supervise listen (the guard)",
+    "k3rocm.supervise run; k3rocm.status",
+    "Why the container stops and its exit code.",
+    "until the next start, which refuses to load again when it records a "
+    "failed smoke test",
+)
+VLLM_DEATHS_FILE = RunFile(
+    "vllm-deaths",
+    "k3rocm.supervise listen (the guard)",
+    "k3rocm.supervise listen (the guard)",
+    "vLLM deaths so far, so that a restarted guard keeps the count.",
+    _UNTIL_NEXT_START,
+)
+VLLM_PGID_FILE = RunFile(
+    "vllm.pgid",
+    "k3rocm.supervise serve",
+    "k3rocm.supervise serve",
+    "The running vLLM's process group; the next vLLM start kills what is left of it.",
+    "replaced by each vLLM start",
+)
+RUN_FILES = (
+    STAGE1_GATE_FILE,
+    READY_FILE,
+    SMOKE_REPORT_FILE,
+    DRAIN_FILE,
+    EXIT_REASON_FILE,
+    VLLM_DEATHS_FILE,
+    VLLM_PGID_FILE,
+)
+# The names as the modules join them to the run directory.
+STAGE1_GATE = STAGE1_GATE_FILE.name
+READY_MARK = READY_FILE.name
+SMOKE_REPORT_NAME = SMOKE_REPORT_FILE.name
+DRAIN_MARK = DRAIN_FILE.name
+REASON_FILE = EXIT_REASON_FILE.name
+DEATHS_FILE = VLLM_DEATHS_FILE.name
+VLLM_GROUP_FILE = VLLM_PGID_FILE.name
+
+
+def run_files_table() -> str:
+    """README's table of the run directory."""
+    lines = [
+        "| file | writer | readers | meaning | lifetime |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| `{f.name}` | {f.writer} | {f.readers} | {f.meaning} | {f.lifetime} |"
+        for f in RUN_FILES
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def run_dir(environ: Mapping[str, str] | None = None) -> Path:

@@ -253,7 +253,7 @@ SMOKE_REPORT = Setting(
     None,
     "The smoke test's JSON report.",
     IMAGE,
-    shown="smoke-report.json in K3_RUN_DIR",
+    shown='in K3_RUN_DIR (README, "The run directory")',
 )
 SUPERVISORD_CONF = Setting(
     "supervisord_conf",

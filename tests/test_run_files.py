@@ -1,0 +1,52 @@
+"""The run directory's files are named once (k3rocm.contract.RUN_FILES) and
+README's table "The run directory" lists exactly them."""
+
+from __future__ import annotations
+
+from vllm_trees import REPO
+
+from k3rocm import contract
+from k3rocm.contract import RUN_FILES, RunFile, run_files_table
+
+README = (REPO / "README.md").read_text()
+
+
+def test_readme_table_lists_exactly_the_run_files():
+    section = README.split("### The run directory", 1)[1].split("\n### ", 1)[0]
+    assert run_files_table() in section, (
+        "README's run directory table differs from k3rocm.contract.RUN_FILES; "
+        "paste k3rocm.contract.run_files_table()"
+    )
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == [f.name for f in RUN_FILES]
+
+
+def test_every_run_file_of_contract_is_in_the_table_once():
+    declared = [v for v in vars(contract).values() if isinstance(v, RunFile)]
+    assert sorted(f.name for f in declared) == sorted(f.name for f in RUN_FILES)
+    assert len({f.name for f in RUN_FILES}) == len(RUN_FILES)
+
+
+def test_no_other_file_spells_a_run_file_name():
+    """Modules join contract's names to the run directory; none spells one
+    out again as a string (the plain words `ready` and `draining` are left
+    out: they also name phases)."""
+    names = [f.name for f in RUN_FILES if not f.name.isalpha()]
+    offenders = []
+    for folder in ("src", "docker", "scripts"):
+        for path in (REPO / folder).rglob("*"):
+            if (
+                not path.is_file()
+                or path.suffix == ".pyc"
+                or path == REPO / "src" / "k3rocm" / "contract.py"
+                or "wheelhouse" in path.parts
+            ):
+                continue
+            text = path.read_text(errors="replace")
+            offenders += [
+                f"{path.relative_to(REPO)}: {name}"
+                for name in names
+                for quote in "\"'"
+                if f"{quote}{name}" in text or f"/{name}" in text
+            ]
+    assert not offenders, offenders
