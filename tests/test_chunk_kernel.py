@@ -1,7 +1,8 @@
 """The series' device kernel against the reference semantics, run by the
-Triton interpreter on CPU tensors. It is imported from its source,
-src/k3rocm/kernels/kda_metadata.py (patch 0002 is generated from it;
-test_patch_sources checks that the patched tree holds the same bytes).
+Triton interpreter on CPU tensors. It is imported from its sources,
+src/k3rocm/kernels/kda_metadata_kernel.py (the kernel and its variants) and
+kda_metadata.py (the host side); patch 0002 is generated from them, and
+test_patch_sources checks that the patched tree holds the same bytes.
 
 The reference (k3rocm.chunk_reference) is itself checked against vLLM
 0.27.1's own CPU functions wherever those are right (every empty sequence at
@@ -18,7 +19,7 @@ from vllm.third_party.flash_linear_attention.ops.index import (
 )
 
 from k3rocm.chunk_reference import cu_seqlens_of, reference_chunk_metadata
-from k3rocm.kernels import kda_metadata
+from k3rocm.kernels import kda_metadata, kda_metadata_kernel
 from k3rocm.kernels.kda_metadata import prepare_chunk_metadata_device
 
 
@@ -116,6 +117,21 @@ def test_long_prompt_among_decodes_and_padding():
     assert_matches_reference([1] * 200 + [100_000] + [1] * 55 + [0] * 16)
 
 
+def test_batch_of_no_sequences():
+    indices, offsets = prepare_chunk_metadata_device(*[cu_seqlens_of([])] * 2)
+    assert indices.shape == (0, 2) and offsets.tolist() == [0]
+
+
+# Small batches are sized with plain integers, larger ones with NumPy.
+@pytest.mark.parametrize("delta", [-1, 0, 1])
+def test_sequence_counts_around_the_plain_integer_sizing(delta):
+    num_seqs = kda_metadata._PLAIN_INT_MAX_SEQS + delta
+    generator = torch.Generator().manual_seed(num_seqs)
+    seq_lens = torch.randint(0, 2000, (num_seqs,), generator=generator).tolist()
+    seq_lens[1] = 0
+    assert_matches_reference(seq_lens)
+
+
 # --- property test over random batches ------------------------------------
 
 
@@ -136,8 +152,8 @@ def test_random_batches_match_reference(seq_lens):
 # The last width index is the widest width with its loop.
 ALL_VARIANTS = [
     (tile, width)
-    for tile in range(len(kda_metadata._TILE_SHAPES))
-    for width in range(len(kda_metadata._PREFIX_WIDTHS) + 1)
+    for tile in range(len(kda_metadata_kernel._TILE_SHAPES))
+    for width in range(len(kda_metadata_kernel._PREFIX_WIDTHS) + 1)
 ]
 
 
@@ -145,7 +161,10 @@ def batch_selecting(variant, loops=False):
     """A batch whose sequence count and longest sequence select `variant`;
     with `loops`, more sequences than the widest prefix load covers."""
     tile, width = variant
-    shapes, widths = kda_metadata._TILE_SHAPES, kda_metadata._PREFIX_WIDTHS
+    shapes, widths = (
+        kda_metadata_kernel._TILE_SHAPES,
+        kda_metadata_kernel._PREFIX_WIDTHS,
+    )
     num_seqs = widths[width - 1] + 1 if width else 5
     if loops:
         num_seqs = 2 * widths[-1] + 1
@@ -165,9 +184,9 @@ def test_every_variant_matches_reference(variant):
 
 
 def test_prefix_load_loops_past_the_widest_width():
-    variant = (0, len(kda_metadata._PREFIX_WIDTHS))
+    variant = (0, len(kda_metadata_kernel._PREFIX_WIDTHS))
     seq_lens = batch_selecting(variant, loops=True)
-    assert len(seq_lens) > 2 * kda_metadata._PREFIX_WIDTHS[-1]
+    assert len(seq_lens) > 2 * kda_metadata_kernel._PREFIX_WIDTHS[-1]
     assert kda_metadata.select_variant(len(seq_lens), 4) == variant
     assert_matches_reference(seq_lens)
 

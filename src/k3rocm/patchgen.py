@@ -1,9 +1,10 @@
 """Generate the series' patches that only add a file from that file's source.
 
-Patch 0002 adds one whole module to vLLM (the device chunk-metadata kernel
-and its builder). Its code lives in this repository as a real, linted source
-file, ``src/k3rocm/kernels/kda_metadata.py``, and the patch is written from
-it, so the two cannot drift apart unnoticed (``--check``; a test runs it)::
+Patch 0002 adds two whole modules to vLLM: the device chunk-metadata
+kernel (``kda_metadata_kernel.py``) and its launcher, builder and backend
+(``kda_metadata.py``). Their code lives in this repository as real, linted
+source files under ``src/k3rocm/kernels/``, and the patch is written from
+them, so the two cannot drift apart unnoticed (``--check``; a test runs it)::
 
     python -m k3rocm.patchgen            # rewrite the generated patches
     python -m k3rocm.patchgen --check    # exit 1 if one is out of date
@@ -24,14 +25,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
-class GeneratedPatch:
-    patch: str  # file name under patches/
+class GeneratedFile:
     source: str  # the file's source, relative to the repository
     target: str  # where the patch creates it, relative to the vLLM tree
 
-    def render(self, repo: Path = REPO) -> bytes:
-        """The patch file's bytes: its description, then a diff that creates
-        ``target`` with exactly the bytes of ``source``."""
+    def diff(self, repo: Path) -> bytes:
+        """A diff that creates ``target`` with exactly the bytes of ``source``."""
         code = (repo / self.source).read_bytes()
         if not code.endswith(b"\n"):
             raise ValueError(f"{self.source} must end with a newline")
@@ -41,11 +40,17 @@ class GeneratedPatch:
             + f"+++ b/{self.target}\n".encode()
             + f"@@ -0,0 +1,{len(lines)} @@\n".encode()
         )
-        return (
-            self.description(repo)
-            + header
-            + b"".join(b"+" + line + b"\n" for line in lines)
-        )
+        return header + b"".join(b"+" + line + b"\n" for line in lines)
+
+
+@dataclass(frozen=True)
+class GeneratedPatch:
+    patch: str  # file name under patches/
+    files: tuple[GeneratedFile, ...]  # created in this order
+
+    def render(self, repo: Path = REPO) -> bytes:
+        """The patch file's bytes: its description, then one diff per file."""
+        return self.description(repo) + b"".join(f.diff(repo) for f in self.files)
 
     def description(self, repo: Path = REPO) -> bytes:
         current = (repo / "patches" / self.patch).read_bytes()
@@ -58,8 +63,13 @@ class GeneratedPatch:
 GENERATED = (
     GeneratedPatch(
         patch="0002-kimi-k3-rocm-kda-backend.patch",
-        source="src/k3rocm/kernels/kda_metadata.py",
-        target="vllm/models/kimi_k3/amd/kda_metadata.py",
+        files=tuple(
+            GeneratedFile(
+                source=f"src/k3rocm/kernels/{name}",
+                target=f"vllm/models/kimi_k3/amd/{name}",
+            )
+            for name in ("kda_metadata_kernel.py", "kda_metadata.py")
+        ),
     ),
 )
 
@@ -92,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     for p in GENERATED:
         if p.patch in out_of_date:
             (args.repo / "patches" / p.patch).write_bytes(p.render(args.repo))
-            print(f"wrote patches/{p.patch} from {p.source}")
+            sources = ", ".join(f.source for f in p.files)
+            print(f"wrote patches/{p.patch} from {sources}")
     return 0
 
 
