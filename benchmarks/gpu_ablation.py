@@ -4,11 +4,14 @@ of the previous series revision, and upstream's, in interleaved rounds.
 
     python3 benchmarks/gpu_ablation.py     # needs .gpu/ (gpu_bundle.py)
 
-Copies are made from the bundled source text; a copy whose edit no longer
-matches the source fails loudly rather than measuring the unchanged kernel.
+Copies are made from the bundled source text (the edited kernel module
+beside an unchanged copy of the host module, as a package of their own); a
+copy whose edit no longer matches the source fails loudly rather than
+measuring the unchanged kernel.
 """
 
 import functools
+import importlib
 import importlib.util
 import json
 import os
@@ -22,7 +25,9 @@ sys.path.insert(0, str(HERE))
 import gpu_bench  # noqa: E402  (loads the patched bundle behind the shims)
 from kda_harness import BUNDLE  # noqa: E402
 
-SOURCE = (BUNDLE / "patched/vllm/models/kimi_k3/amd/kda_metadata.py").read_text()
+SERIES_DIR = BUNDLE / "patched/vllm/models/kimi_k3/amd"
+HOST_SOURCE = (SERIES_DIR / "kda_metadata.py").read_text()
+SOURCE = (SERIES_DIR / "kda_metadata_kernel.py").read_text()
 EDITS = {
     "cu_seqlens alignment specialized": (
         ', do_not_specialize_on_alignment=["cu_seqlens"]',
@@ -44,6 +49,17 @@ def load(name: str, text: str):
     return module
 
 
+def load_edited(name: str, kernel_text: str):
+    """The host module over an edited kernel module, as package `name`."""
+    root = Path(tempfile.mkdtemp())
+    (root / name).mkdir()
+    (root / name / "__init__.py").write_text("")
+    (root / name / "kda_metadata.py").write_text(HOST_SOURCE)
+    (root / name / "kda_metadata_kernel.py").write_text(kernel_text)
+    sys.path.insert(0, str(root))
+    return importlib.import_module(f"{name}.kda_metadata")
+
+
 def previous_kernel_text() -> str | None:
     """The previous revision's kernel, saved by gpu_bundle.py if git had it."""
     saved = BUNDLE / "previous_kda_metadata.py"
@@ -55,7 +71,7 @@ def main() -> None:
     for i, (name, (old, new)) in enumerate(EDITS.items()):
         if old not in SOURCE:
             sys.exit(f"edit {name!r} no longer matches the kernel source")
-        module = load(f"ablation_{i}", SOURCE.replace(old, new))
+        module = load_edited(f"ablation_{i}", SOURCE.replace(old, new))
         kernels[name] = module.prepare_chunk_metadata_device
     previous = previous_kernel_text()
     if previous is not None:

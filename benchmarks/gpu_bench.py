@@ -5,10 +5,22 @@ by side in one run on the lent GPU (results feed docs/benchmarks.md).
 
     python3 benchmarks/gpu_bench.py           # needs .gpu/ (gpu_bundle.py)
 
-Every comparison runs in interleaved rounds (interleaved(): one discarded
-warm-up round, then ROUNDS rounds of STEPS_PER_ROUND steps, the order
-reversed every other round) and reports the median of the round values,
-their min-max, and the rounds the patched side won.
+Every comparison runs in interleaved rounds, one discarded warm-up round
+then ROUNDS rounds, and reports the median of the round values, their
+min-max, and the rounds the patched side won. What one round's value is:
+  host time     the median of HOST_STEPS metadata steps per side, each side
+                running its steps back to back in turn (host_rounds());
+                two more views: ours and upstream alternating step by step
+                (a slow period of the host hits both alike), and all four
+                paths alternating step by step (each step follows another
+                path's, so it runs with caches and allocator state that
+                path left: "after each path");
+  kernel time   the median of STEPS_PER_ROUND CUDA-graph replays of 50 calls;
+  step model    the median of MODEL_STEPS per-step intervals on the GPU's
+                timeline (an event recorded as each step starts), sides
+                taking turns by round (interleaved()).
+The process's main thread is pinned to one CPU (kda_harness.pin_to_quiet_cpu)
+and Python's garbage collector is off while a round is timed.
 
 Paths compared for the metadata step:
   host-0.27.1  0.27.1's builder: CPU prepare_chunk_indices/offsets on the host
@@ -20,6 +32,7 @@ Paths compared for the metadata step:
 """
 
 import functools
+import gc
 import importlib.util
 import json
 import os
@@ -33,7 +46,14 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from kda_harness import BUNDLE, cu_seqlens, kda_inputs, load_tree  # noqa: E402
+from kda_harness import (  # noqa: E402
+    BUNDLE,
+    cpu_steal_ticks,
+    cu_seqlens,
+    kda_inputs,
+    load_tree,
+    pin_to_quiet_cpu,
+)
 
 kda_ops = load_tree("patched")
 from vllm.models.kimi_k3.amd.kda_metadata import (  # noqa: E402
@@ -79,8 +99,10 @@ SHAPES = {
 }
 
 
-ROUNDS = 8  # timed rounds, after one discarded warm-up round
-STEPS_PER_ROUND = 30
+ROUNDS = int(os.environ.get("K3_BENCH_ROUNDS", 8))  # after a warm-up round
+STEPS_PER_ROUND = 30  # kernel time: graph replays per round
+HOST_STEPS = 60  # host time: metadata steps per side per round
+MODEL_STEPS = 40  # step model: steps per side per round
 
 
 def interleaved(sides: dict, rounds: int = ROUNDS) -> dict:
@@ -114,21 +136,55 @@ def summarize(values: dict, ours: str, against: list[str]) -> dict:
     return out
 
 
-def host_round(fn, seq_lens, steps=STEPS_PER_ROUND, queued_cycles=0):
-    """Median wall time on the host of one metadata step over a round,
-    issued with the GPU queue empty or behind `queued_cycles` of
-    torch.cuda._sleep; fresh tensors each step defeat FLA's tensor_cache."""
-    batches = [cu_seqlens(seq_lens) for _ in range(steps)]
-    samples = []
-    for dev, host in batches:
+def host_rounds(
+    paths: dict,
+    seq_lens,
+    steps=HOST_STEPS,
+    queued_cycles=0,
+    rounds=ROUNDS,
+    per_step=False,
+) -> dict:
+    """Host wall time of one metadata step, per side and round: the median
+    of the side's `steps` steps in the round, each issued with the GPU queue
+    empty or behind `queued_cycles` of torch.cuda._sleep, on fresh tensors
+    (which defeats FLA's tensor_cache). The order of the sides is reversed
+    every other round; the first round is thrown away. By default each side
+    runs its steps back to back (a block) in turn; with `per_step` the sides
+    alternate step by step (the side that goes first rotating), so every
+    step of a side follows another side's step."""
+    names = list(paths)
+    values = {name: [] for name in names}
+    for r in range(rounds + 1):
+        order = names if r % 2 else names[::-1]
+        batches = {name: [cu_seqlens(seq_lens) for _ in range(steps)] for name in names}
+        samples = {name: [] for name in names}
+        if per_step:
+            schedule = [
+                (order[(i + k) % len(order)], i)
+                for i in range(steps)
+                for k in range(len(order))
+            ]
+        else:
+            schedule = [(name, i) for name in order for i in range(steps)]
         torch.cuda.synchronize()
-        if queued_cycles:
-            torch.cuda._sleep(queued_cycles)
-        start = time.perf_counter()
-        fn(dev, host)
-        samples.append(time.perf_counter() - start)
-    torch.cuda.synchronize()
-    return statistics.median(samples) * 1e6
+        gc.collect()
+        gc.disable()
+        try:
+            for name, i in schedule:
+                dev, host = batches[name][i]
+                torch.cuda.synchronize()
+                if queued_cycles:
+                    torch.cuda._sleep(queued_cycles)
+                start = time.perf_counter()
+                paths[name](dev, host)
+                samples[name].append(time.perf_counter() - start)
+        finally:
+            gc.enable()
+        torch.cuda.synchronize()
+        if r:
+            for name in names:
+                values[name].append(statistics.median(samples[name]) * 1e6)
+    return values
 
 
 def kernel_round(fn, seq_lens, per_graph=50, replays=STEPS_PER_ROUND):
@@ -181,46 +237,54 @@ def queued_ms(cycles):
     return start.elapsed_time(end)
 
 
-def host_breakdown(seq_lens, reps=300) -> dict:
-    """Where ours spends its host time (medians of `reps`, queue empty):
-    the NumPy work on the host lengths, the two output allocations, and the
-    launch through the cached binary."""
+def host_breakdown(seq_lens, reps=400) -> dict:
+    """Where ours spends its host time (medians of `reps`, queue empty, GC
+    off): the sizing from the host lengths (plain integers up to
+    _PLAIN_INT_MAX_SEQS sequences, else NumPy), the two output allocations
+    (and, for comparison, one allocation cut into both with three views),
+    the launch through the cached binary, the whole step. Each part
+    includes freeing what it made."""
     import vllm.models.kimi_k3.amd.kda_metadata as kernel
 
     dev, host = cu_seqlens(seq_lens)
     ours(dev, host)
-    total = int(sum(-(-n // 64) for n in seq_lens))
-    tile, width = kernel.select_variant(len(seq_lens), -(-max(seq_lens) // 64))
+    num_seqs, total, most = kernel._chunk_counts(host)
+    tile, width = kernel.select_variant(num_seqs, most)
     launch = kernel._LAUNCHES[(dev.get_device(), tile, width)]
-    indices = dev.new_empty((total, 2))
-    offsets = dev.new_empty(len(seq_lens) + 1, dtype=torch.int64)
+    indices, offsets = kernel._outputs(dev, num_seqs, total)
 
-    def numpy_part():
-        chunks = host.numpy()
-        chunks = chunks[1:] - chunks[:-1]
-        chunks += 63
-        chunks >>= 6
-        return int(chunks.sum()), int(chunks.max())
+    def one_allocation():  # the alternative, not used: both outputs in one
+        rows = total + (total & 1)  # chunk_offsets 16-byte aligned
+        both = dev.new_empty(rows + num_seqs + 1, dtype=torch.int64)
+        return (
+            both.view(torch.int32).as_strided((total, 2), (2, 1)),
+            both.as_strided((num_seqs + 1,), (1,), rows),
+        )
 
     parts = {
-        "numpy": numpy_part,
-        "allocations": lambda: (
-            dev.new_empty(len(seq_lens) + 1, dtype=torch.int64),
-            dev.new_empty((total, 2)),
-        ),
-        "launch": lambda: launch(1, 1, dev, indices, offsets, len(seq_lens)),
+        "sizing": lambda: kernel._chunk_counts(host),
+        "outputs (two allocations)": lambda: kernel._outputs(dev, num_seqs, total),
+        "outputs, not used: one allocation and three views": one_allocation,
+        "launch": lambda: launch(1, 1, dev, indices, offsets, num_seqs),
         "whole step": lambda: ours(dev, host),
     }
-    out = {}
-    for name, part in parts.items():
-        samples = []
-        for _ in range(reps):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            part()
-            samples.append(time.perf_counter() - start)
-        out[name] = statistics.median(samples) * 1e6
+    samples = {name: [] for name in parts}
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(reps):  # the parts interleaved, like the sides
+            for name, part in parts.items():
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                part()
+                samples[name].append(time.perf_counter() - start)
+    finally:
+        gc.enable()
     torch.cuda.synchronize()
+    out = {name: statistics.median(s) * 1e6 for name, s in samples.items()}
+    out["sizing path"] = (
+        "plain integers" if num_seqs <= kernel._PLAIN_INT_MAX_SEQS else "NumPy"
+    )
     return out
 
 
@@ -238,14 +302,19 @@ MODEL_BATCHES = {
 }
 
 
-def model_round(seq_lens, patched, inputs, wait_cycles, steps=STEPS_PER_ROUND):
-    """ms per step of the step model over a round; the host prepares step
-    n+1 while the GPU runs step n. 0.27.1: the builder's CPU metadata plus
-    async copy (unused by the Kimi layer), then the layer's own device
-    rebuild with .tolist() in the first KDA layer; patched: the series'
-    device build handed to every KDA layer. Inputs are reused (chunk KDA
-    overwrites v: values drift, timing does not)."""
+def model_round(seq_lens, patched, inputs, wait_cycles, steps=MODEL_STEPS):
+    """One round of the step model: the median, over `steps` steps, of one
+    step's interval on the GPU's timeline (from the event recorded as the
+    host starts issuing it to the next step's), in ms. The host prepares
+    step n+1 while the GPU runs step n, so an interval holds the step's GPU
+    work and any time the GPU waited for the host. 0.27.1: the builder's CPU
+    metadata plus async copy (unused by the Kimi layer), then the layer's
+    own device rebuild with .tolist() in the first KDA layer; patched: the
+    series' device build handed to every KDA layer. Inputs are reused
+    (chunk KDA overwrites v: values drift, timing does not). The round's
+    mean (wall time over steps) is kept too, in MEANS."""
     batches = [cu_seqlens(seq_lens) for _ in range(steps)]
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
 
     def step(dev, host):
         if patched:
@@ -260,38 +329,61 @@ def model_round(seq_lens, patched, inputs, wait_cycles, steps=STEPS_PER_ROUND):
             torch.cuda._sleep(wait_cycles)
 
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    for dev, host in batches:
-        step(dev, host)
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / steps * 1e3
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for event, (dev, host) in zip(events, batches, strict=False):
+            event.record()
+            step(dev, host)
+        events[-1].record()
+        torch.cuda.synchronize()
+        MEANS[patched].append((time.perf_counter() - start) / steps * 1e3)
+    finally:
+        gc.enable()
+    return statistics.median(
+        events[i].elapsed_time(events[i + 1]) for i in range(steps)
+    )
+
+
+MEANS: dict[bool, list[float]] = {False: [], True: []}
 
 
 def main():
     import triton
 
+    host_cpu = pin_to_quiet_cpu()
+    steal_before = cpu_steal_ticks()
     report = {
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "date": time.strftime("%Y-%m-%d"),
         "rounds": ROUNDS,
-        "steps_per_round": STEPS_PER_ROUND,
+        "host_steps_per_round": HOST_STEPS,
+        "kernel_replays_per_round": STEPS_PER_ROUND,
+        "model_steps_per_round": MODEL_STEPS,
+        "host_cpu": host_cpu,
         "launch_floor_us": launch_floor(),
         "host_us": {},
+        "host_us_alternating_with_upstream": {},
+        "host_us_after_each_path": {},
         "kernel_us": {},
     }
     others = ["upstream", "host-0.27.1", "legacy"]
     for name, seq_lens in SHAPES.items():
         report["host_us"][name] = summarize(
-            interleaved(
-                {
-                    path: functools.partial(host_round, fn, seq_lens)
-                    for path, fn in PATHS.items()
-                }
+            host_rounds(PATHS, seq_lens), "ours", others
+        )
+        report["host_us_alternating_with_upstream"][name] = summarize(
+            host_rounds(
+                {p: PATHS[p] for p in ("upstream", "ours")}, seq_lens, per_step=True
             ),
             "ours",
-            others,
+            ["upstream"],
+        )
+        report["host_us_after_each_path"][name] = summarize(
+            host_rounds(PATHS, seq_lens, per_step=True), "ours", others
         )
         report["kernel_us"][name] = summarize(
             interleaved(
@@ -306,7 +398,7 @@ def main():
         print(name, flush=True)
 
     report["host_breakdown_us"] = {
-        name: host_breakdown(SHAPES[name]) for name in ("1x256k", "1x1M", "256 mixed")
+        name: host_breakdown(SHAPES[name]) for name in SHAPES
     }
     print(json.dumps(report["host_breakdown_us"]), flush=True)
 
@@ -314,13 +406,10 @@ def main():
     report["queued_work_ms"] = queued_ms(cycles)
     report["blocked_behind_5ms_us"] = {
         name: summarize(
-            interleaved(
-                {
-                    path: functools.partial(
-                        host_round, PATHS[path], SHAPES[name], STEPS_PER_ROUND, cycles
-                    )
-                    for path in ("legacy", "ours")
-                }
+            host_rounds(
+                {path: PATHS[path] for path in ("legacy", "ours")},
+                SHAPES[name],
+                queued_cycles=cycles,
             ),
             "ours",
             ["legacy"],
@@ -336,9 +425,15 @@ def main():
         "wait_per_layer_ms": queued_ms(wait_cycles),
         "ms_per_step": {},
     }
+    report["step_model"]["round_value"] = (
+        "median over the round's steps of one step's interval on the GPU "
+        "timeline (ms); mean_ms_per_step_rounds: wall time over steps"
+    )
     for name, seq_lens in MODEL_BATCHES.items():
         inputs = kda_inputs(seq_lens, seed=0)
-        report["step_model"]["ms_per_step"][name] = summarize(
+        MEANS[False].clear()
+        MEANS[True].clear()
+        report["step_model"]["ms_per_step"][name] = row = summarize(
             interleaved(
                 {
                     side: functools.partial(
@@ -350,7 +445,11 @@ def main():
             "patched",
             ["0.27.1"],
         )
+        # interleaved() runs a discarded warm-up round first.
+        for side, patched in (("0.27.1", False), ("patched", True)):
+            row[side]["mean_ms_per_step_rounds"] = MEANS[patched][1:]
         print(name, flush=True)
+    report["cpu_steal_ticks_during_run"] = cpu_steal_ticks() - steal_before
 
     out = Path(os.environ.get("OUT", "/tmp")) / "bench.json"
     out.write_text(json.dumps(report, indent=2))
@@ -369,6 +468,11 @@ def print_tables(report):
             row["ours"]["rounds won vs upstream"],
             sep=" | ",
         )
+    for view in ("host_us_alternating_with_upstream", "host_us_after_each_path"):
+        print(f"shape | {view}: upstream | ours (won vs upstream)")
+        for name, row in report[view].items():
+            won = row["ours"]["rounds won vs upstream"]
+            print(name, cell(row["upstream"]), cell(row["ours"]), won, sep=" | ")
     print("shape | kernel us: upstream | ours (won)")
     for name, row in report["kernel_us"].items():
         print(

@@ -35,6 +35,7 @@ KERNEL_FILES = [
     ),
 ]
 SERIES_MODULE = "vllm/models/kimi_k3/amd/kda_metadata.py"
+SERIES_MODULES = [SERIES_MODULE, "vllm/models/kimi_k3/amd/kda_metadata_kernel.py"]
 # The last commit before the kernel became a source file (gpu_ablation.py
 # times its kernel as "previous").
 PREVIOUS = "35938ce"
@@ -68,7 +69,7 @@ def save_previous_kernel() -> None:
 
 def main() -> None:
     shutil.rmtree(BUNDLE, ignore_errors=True)
-    copy(patched_tree(), BUNDLE / "patched", [*KERNEL_FILES, SERIES_MODULE])
+    copy(patched_tree(), BUNDLE / "patched", [*KERNEL_FILES, *SERIES_MODULES])
     copy(installed_root(), BUNDLE / "pristine", KERNEL_FILES)
     copy(UPSTREAM_TREE, BUNDLE / "upstream", [SERIES_MODULE])
     save_previous_kernel()

@@ -64,7 +64,7 @@ def tile_boundary_batches() -> list[list[int]]:
     from the kernel module itself so they follow its constants: sequence
     counts around each sequence tile and prefix-load width, lengths around
     each chunk tile."""
-    import vllm.models.kimi_k3.amd.kda_metadata as kernel
+    import vllm.models.kimi_k3.amd.kda_metadata_kernel as kernel
 
     rng = random.Random(1)
     counts = {1, 2000}
@@ -159,6 +159,7 @@ def main() -> None:
         prepare_chunk_metadata_device, reference_chunk_metadata
     )
     import vllm.models.kimi_k3.amd.kda_metadata as kernel
+    import vllm.models.kimi_k3.amd.kda_metadata_kernel as variants
 
     # Every variant those batches ran went through the compiled binary, not
     # Triton's dispatcher.
@@ -199,7 +200,7 @@ def main() -> None:
             "no sync on the patched path": patched_error is None,
             "launched without the JIT dispatcher": results["direct_launch"],
             "every variant run": results["variants_run"]
-            == len(kernel._TILE_SHAPES) * (len(kernel._PREFIX_WIDTHS) + 1),
+            == len(variants._TILE_SHAPES) * (len(variants._PREFIX_WIDTHS) + 1),
             "the detector sees 0.27.1's sync": unpatched_error is not None,
             "same as chunk_indices=None": results["same_as_chunk_indices_none"],
             "same as unpatched 0.27.1": results["rel_err_vs_unpatched_0_27_1"] < 1e-2,

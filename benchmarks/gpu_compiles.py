@@ -62,10 +62,11 @@ def binaries(kernel) -> int:
 def side(name: str, limit: str) -> dict:
     """One side in this process (the Triton cache is empty: see main)."""
     import torch
-    from kda_harness import BUNDLE, cu_seqlens, load_tree
+    from kda_harness import BUNDLE, cu_seqlens, load_tree, pin_to_quiet_cpu
 
     max_num_seqs, max_tokens = LIMITS[limit]
     load_tree("patched")
+    pin_to_quiet_cpu()  # as gpu_bench.py does: the steps' host times
     warm_up = None
     if name == "ours":
         import vllm.models.kimi_k3.amd.kda_metadata as module
