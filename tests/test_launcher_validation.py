@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -115,6 +116,8 @@ def assert_rejected(node: Node, result, *fragments: str) -> None:
     assert not node.started(), "vLLM was started despite invalid settings"
 
 
+# Node 1 of tep16, its addresses fine until a case changes one.
+NODE1 = {"K3_PROFILE": "tep16", "K3_NODE_RANK": "1", "K3_MASTER_ADDR": "10.1.2.3"}
 # Each case: settings, then fragments the message must contain (what is
 # wrong, then how to fix it).
 INVALID = {
@@ -167,6 +170,34 @@ INVALID = {
     "API key file missing": (
         {"K3_API_KEY_FILE": "/run/secrets/none"},
         ["'/run/secrets/none', which is not an existing file", "chmod 600"],
+    ),
+    "master address on loopback": (
+        {**NODE1, "K3_MASTER_ADDR": "127.0.0.1"},
+        ["K3_MASTER_ADDR (--master-addr) is '127.0.0.1', a loopback or wildcard"],
+    ),
+    "master address that does not resolve": (
+        {**NODE1, "K3_MASTER_ADDR": "node0.invalid"},
+        ["'node0.invalid', which does not resolve", "node 0's address"],
+    ),
+    "host address not of this node": (
+        {**NODE1, "VLLM_HOST_IP": "192.0.2.77"},
+        ["VLLM_HOST_IP is '192.0.2.77', which is not an address of this node"],
+    ),
+    "host address on loopback": (
+        {**NODE1, "VLLM_HOST_IP": "127.0.0.1"},
+        ["VLLM_HOST_IP is '127.0.0.1', a loopback or wildcard address"],
+    ),
+    "host address not an address": (
+        {**NODE1, "VLLM_HOST_IP": "node1"},
+        ["VLLM_HOST_IP is 'node1', which is not an IP address"],
+    ),
+    "socket interface that does not exist": (
+        {**NODE1, "NCCL_SOCKET_IFNAME": "^docker,ibzz9"},
+        ["NCCL_SOCKET_IFNAME is '^docker,ibzz9'", "no interface starting with 'ibzz9'"],
+    ),
+    "exact socket interface that does not exist": (
+        {**NODE1, "GLOO_SOCKET_IFNAME": "=l"},
+        ["GLOO_SOCKET_IFNAME is '=l'", "no interface named 'l'"],
     ),
     "multi-node without master address": (
         {"K3_PROFILE": "tep16", "K3_NODE_RANK": "1"},
@@ -288,7 +319,11 @@ def test_cpu_dev_needs_no_gpus(node):
 def test_multi_node_gpu_count_is_per_node(node):
     for extra in ("renderD136", "renderD137"):
         (node.dri / extra).touch()
-    two_nodes = {"K3_PROFILE": "tep16", "K3_NODE_RANK": "1", "K3_MASTER_ADDR": "h0"}
+    two_nodes = {
+        "K3_PROFILE": "tep16",
+        "K3_NODE_RANK": "1",
+        "K3_MASTER_ADDR": "10.1.2.3",
+    }
     assert node.run("--dry-run", **two_nodes).returncode == 0
     result = node.run(**two_nodes, K3_NUM_NODES="4", K3_GPU_COUNT="3")
     assert_rejected(node, result, "needs 4 GPUs on this node", "16 GPUs over 4 node(s)")
@@ -376,7 +411,15 @@ def test_readme_documents_every_setting_profile_and_feature():
 def test_help_lists_profiles_and_features(node):
     result = node.run("--help")
     assert result.returncode == 0
-    for name in ("tp8", "tep16", "dep16", "cpu-dev", "cpu-dev-2node", "dspark", "fp8-kv"):
+    for name in (
+        "tp8",
+        "tep16",
+        "dep16",
+        "cpu-dev",
+        "cpu-dev-2node",
+        "dspark",
+        "fp8-kv",
+    ):
         assert f"\n  {name} " in result.stdout, name
     assert not node.started()
 
@@ -603,6 +646,36 @@ def test_tilde_of_an_unknown_user_is_reported(node, capsys):
 def test_whitespace_only_value_is_refused(node, capsys, variable, value):
     code, out, err = run_in_process(capsys, node.env(**{variable: value}))
     assert_refused_cleanly(code, out, err, variable)
+
+
+def this_node_address() -> str:
+    """A non-loopback address of this machine (the one its default route
+    leaves from; a UDP connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))
+        return probe.getsockname()[0]
+
+
+def test_a_worker_pointing_at_itself_as_node_0_is_refused(node):
+    own = this_node_address()
+    result = node.run("--dry-run", **{**NODE1, "K3_MASTER_ADDR": own})
+    assert_rejected(node, result, f"is '{own}', an address of this node")
+    assert "this is node 1, not node 0" in result.stderr
+
+
+def test_addresses_that_fit_pass(node):
+    """The interface checks accept what NCCL accepts: prefixes, exact names
+    and exclusions of interfaces this node has."""
+    result = node.run(
+        "--dry-run",
+        **{
+            **NODE1,
+            "VLLM_HOST_IP": this_node_address(),
+            "NCCL_SOCKET_IFNAME": "=lo,^docker",
+            "GLOO_SOCKET_IFNAME": "l",
+        },
+    )
+    assert result.returncode == 0, result.stderr
 
 
 # Settings a profile has no use for would be silently ignored.

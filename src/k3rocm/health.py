@@ -1,6 +1,7 @@
 """The container's health check: healthy only when vLLM answers ``/health``,
 the smoke test has written its ready mark, and no drain for a stop is under
-way.
+way. A headless node (no API server) is healthy when its ready mark is there
+and vLLM on it still runs connected to node 0 (k3rocm.node).
 
     python -m k3rocm.health     exit 0 healthy, 1 not (one line says why)
 """
@@ -20,14 +21,13 @@ from k3rocm.contract import (
     api_base_url,
     run_dir,
 )
+from k3rocm.node import Node, connected_to, headless_node, vllm_group_alive
 
 
 def check(directory: Path, base_url: str) -> tuple[bool, str]:
-    if (directory / DRAIN_MARK).exists():
-        return False, "not ready: draining for a stop, new requests are refused"
-    ready = directory / READY_MARK
-    if not ready.is_file():
-        return False, f"not ready: no smoke ready mark at {ready} yet"
+    not_ready = _not_ready(directory)
+    if not_ready:
+        return False, not_ready
     url = f"{base_url}/health"
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -36,13 +36,44 @@ def check(directory: Path, base_url: str) -> tuple[bool, str]:
         return False, f"vLLM {url} does not answer: {err}"
     if status != 200:
         return False, f"vLLM {url} answered {status}"
-    verdict = ready.read_bytes()[:200].decode(errors="replace").strip()
-    return True, f"healthy: {url} 200, smoke {verdict}"
+    return True, f"healthy: {url} 200, smoke {_verdict(directory)}"
+
+
+def check_headless(directory: Path, node: Node) -> tuple[bool, str]:
+    not_ready = _not_ready(directory)
+    if not_ready:
+        return False, not_ready
+    if not vllm_group_alive(directory):
+        return False, "headless node: vLLM is not running"
+    master = f"{node.master_addr}:{node.master_port}"
+    if not connected_to(str(node.master_addr), node.master_port):
+        return False, f"headless node: vLLM is not connected to node 0 at {master}"
+    return True, (
+        f"healthy: headless node {node.rank}, vLLM connected to node 0 at {master}, "
+        f"smoke {_verdict(directory)}"
+    )
+
+
+def _not_ready(directory: Path) -> str | None:
+    if (directory / DRAIN_MARK).exists():
+        return "not ready: draining for a stop, new requests are refused"
+    ready = directory / READY_MARK
+    if not ready.is_file():
+        return f"not ready: no smoke ready mark at {ready} yet"
+    return None
+
+
+def _verdict(directory: Path) -> str:
+    return (directory / READY_MARK).read_bytes()[:200].decode(errors="replace").strip()
 
 
 def main() -> int:
+    node = headless_node(os.environ)
     try:
-        healthy, message = check(run_dir(), api_base_url(os.environ))
+        if node is not None:
+            healthy, message = check_headless(run_dir(), node)
+        else:
+            healthy, message = check(run_dir(), api_base_url(os.environ))
     except BadAddress as err:
         healthy, message = False, f"unhealthy: {err}"
     print(message)

@@ -46,6 +46,7 @@ from k3rocm.contract import (
     smoke_report_path,
 )
 from k3rocm.drain import wait_drained, write_drain_mark
+from k3rocm.node import Node, node_from_env
 from k3rocm.setting_table import (
     RUN_DIR,
     SMOKE_STAGE1_TIMEOUT,
@@ -244,9 +245,11 @@ class Guard:
     """Decides, event by event, whether the container must stop. The count of
     vLLM deaths lives in ``deaths_file``, so a restarted guard keeps it."""
 
-    def __init__(self, max_restarts: int, deaths_file: Path):
+    def __init__(self, max_restarts: int, deaths_file: Path, node: Node | None = None):
         self.max_restarts = max_restarts
         self.deaths_file = deaths_file
+        # A node of a multi-node job: a lone restart cannot rejoin it.
+        self.multi_node = node if node is not None and node.multi_node else None
 
     @property
     def vllm_deaths(self) -> int:
@@ -281,6 +284,14 @@ class Guard:
             and from_state == "RUNNING"
         ):
             deaths = self._count_death()
+            if self.multi_node is not None:
+                return EXIT_VLLM, (
+                    f"vLLM exited on node {self.multi_node.rank} of a multi-node "
+                    f"deployment ({self.multi_node.profile}); one node cannot "
+                    "rejoin a running job alone, so every node stops and must "
+                    "start again together (see the other nodes' logs for the "
+                    "first failure)"
+                )
             if deaths > self.max_restarts:
                 return EXIT_VLLM, (
                     f"vLLM died {deaths} times; K3_VLLM_MAX_RESTARTS="
@@ -310,7 +321,13 @@ def listen() -> int:
     from supervisor import childutils
 
     directory = run_dir()
-    guard = Guard(int(VLLM_MAX_RESTARTS.text(os.environ)), directory / DEATHS_FILE)
+    try:
+        node = node_from_env(os.environ)
+    except ValueError:
+        node = None  # the launcher refuses these settings, saying why
+    guard = Guard(
+        int(VLLM_MAX_RESTARTS.text(os.environ)), directory / DEATHS_FILE, node
+    )
     reason_file = directory / REASON_FILE
     while True:
         headers, payload = childutils.listener.wait(sys.stdin, sys.stdout)

@@ -10,7 +10,8 @@ from collections.abc import Callable, Mapping, Set
 from pathlib import Path
 from typing import TypeVar
 
-from k3rocm.launcher.profiles import REQUIRED_AMD_ENV
+from k3rocm.launcher.addresses import check_node_addresses
+from k3rocm.launcher.profiles import REQUIRED_AMD_ENV, MultiNode
 from k3rocm.launcher.settings import InvalidSettings, LaunchSettings, label, shown
 
 # A Hugging Face model id: a name, optionally under an owner.
@@ -19,6 +20,8 @@ MODEL_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 MAX_KEY_FILE_BYTES = 64 * 1024
 # Settings the GPU count check builds on.
 GPU_CHECK_INPUTS = frozenset({"profile", "num_nodes", "gpu_count", "dri_dir"})
+# Settings the address checks build on.
+NODE_INPUTS = frozenset({"profile", "node_rank", "master_addr"})
 
 T = TypeVar("T")
 
@@ -53,6 +56,8 @@ def inspect_machine(
         if not GPU_CHECK_INPUTS & invalid:
             _check_gpus(settings, problems)
         _check_inherited_env(environ, problems)
+    if settings.profile.multi_node is MultiNode.NATIVE and not NODE_INPUTS & invalid:
+        check_node_addresses(settings, environ, problems)
     return api_key, problems
 
 

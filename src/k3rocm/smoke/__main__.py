@@ -8,7 +8,9 @@ import os
 import sys
 
 import k3rocm.smoke
+from k3rocm.node import headless_node
 from k3rocm.series import Series, default_series_dir
+from k3rocm.smoke.headless import run_headless_stage2
 from k3rocm.smoke.policy import finish
 from k3rocm.smoke.report import Report, Stage
 from k3rocm.smoke.settings import Settings
@@ -47,8 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     settings.stage1_gate.write_text(stage1.status + "\n")
 
     report.stages["stage2"] = stage2 = Stage()
+    # A headless node has no API to ask; it proves that it joined node 0.
+    node = headless_node(os.environ)
     stage2_in_time = run_with_timeout(
-        lambda stage: run_stage2(stage, settings),
+        lambda stage: (
+            run_stage2(stage, settings)
+            if node is None
+            else run_headless_stage2(stage, settings, node)
+        ),
         stage2,
         settings.load_timeout + settings.stage2_timeout,
     )

@@ -1,0 +1,100 @@
+"""Two containers of the image as the two nodes of a vLLM native multi-node
+deployment, each with its own address on a user-defined network.
+
+Stand-ins (README, "Two nodes"): the stand-in base's vLLM CPU build and
+profile cpu-dev-2node (tensor parallel 2, one CPU rank per node, Gloo)
+instead of ROCm GPUs, RCCL and tep16/dep16 (8 GPUs per node); a Docker
+bridge network instead of host networking on a cluster network.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from docker_images import Container, docker, http, run_container
+
+pytestmark = pytest.mark.docker
+NETWORK = "k3rocm-test-nodes"
+NODE0 = "k3rocm-test-node0"
+NODE1 = "k3rocm-test-node1"
+
+
+def _node(image, model, name: str, rank: int) -> Container:
+    return run_container(
+        image,
+        model,
+        name,
+        env={
+            "K3_PROFILE": "cpu-dev-2node",
+            "K3_NODE_RANK": str(rank),
+            # Node 0's name on the network: every node meets it there.
+            "K3_MASTER_ADDR": NODE0,
+            # One core each for the two CPU ranks of this 2-core machine.
+            "VLLM_CPU_OMP_THREADS_BIND": str(rank),
+        },
+        extra=("--network", NETWORK, "--hostname", name),
+    )
+
+
+@pytest.fixture(scope="module")
+def nodes(image, model):
+    docker("network", "rm", NETWORK, check=False)
+    docker("network", "create", NETWORK)
+    started: list[Container] = []
+    try:
+        started.append(_node(image, model, NODE0, 0))
+        started.append(_node(image, model, NODE1, 1))
+        for node in started:
+            node.wait_healthy(600)
+        yield started
+    finally:
+        for node in started:
+            node.remove()
+        docker("network", "rm", NETWORK, check=False)
+
+
+def test_two_nodes_serve_a_completion_through_node_0(nodes):
+    node0, node1 = nodes
+    status, body = http(
+        f"{node0.base_url}/v1/completions",
+        {"model": "kimi-k3", "prompt": "a b c d", "max_tokens": 8},
+    )
+    assert status == 200, body
+    assert '"completion_tokens":8' in body.replace(" ", "")
+    # Tensor parallel 2 over the two nodes: rank 1 runs on node 1.
+    assert "world_size=2 rank=0" in node0.logs()
+    assert re.search(r"rank 1 in world size 2 is assigned as .*TP rank 1", node1.logs())
+    # Node 1 has no API server: its health is its own (k3rocm.node).
+    health = node1.exec("python3", "-m", "k3rocm.health")
+    assert health.returncode == 0, health.stdout + health.stderr
+    assert f"headless node 1, vLLM connected to node 0 at {NODE0}:29501" in (
+        health.stdout
+    )
+    no_api = "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health')"
+    assert node1.exec("python3", "-c", no_api).returncode != 0
+    report = node1.read("/run/k3rocm/smoke-report.json")
+    assert '"joined"' in report and '"verdict": "pass"' in report
+
+
+def test_stopping_node_1_stops_node_0_with_one_reason(nodes):
+    """Last in this module: it stops both nodes."""
+    node0, node1 = nodes
+    docker("stop", node1.name, timeout=180)
+    assert node1.state()["ExitCode"] == 0
+    # Node 0 finds out at its next step: that request fails, never hangs.
+    status, _ = http(
+        f"{node0.base_url}/v1/completions",
+        {"model": "kimi-k3", "prompt": "a b", "max_tokens": 4},
+        timeout=120,
+    )
+    assert status >= 500
+    assert node0.wait_exit(180) == 3
+    reasons = [
+        line for line in node0.logs().splitlines() if "stopping the container:" in line
+    ]
+    assert len(reasons) == 1, reasons
+    assert (
+        "vLLM exited on node 0 of a multi-node deployment (cpu-dev-2node)"
+        in (reasons[0])
+    )
