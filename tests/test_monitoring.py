@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k3rocm import dashboard
+from k3rocm import alerts, dashboard, monitoring
 
 REPO = Path(__file__).resolve().parents[1]
 MONITORING = REPO / "monitoring"
@@ -95,6 +95,20 @@ def test_promtool_tests_cover_every_alert_firing_and_quiet(test_file, names):
         for alert in check.get("exp_alerts", [])
     }
     assert fired_kinds == {"prefill", "mixed", "decode"}
+
+
+@pytest.mark.parametrize("rule_file", alerts.RULE_FILES)
+def test_committed_alert_rules_are_current(rule_file):
+    assert (MONITORING / rule_file).read_text() == alerts.render(rule_file), (
+        f"monitoring/{rule_file} is stale: run python -m k3rocm.alerts "
+        "--output-dir monitoring"
+    )
+
+
+def test_scrape_jobs_are_the_ones_alerts_and_dashboard_use():
+    config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    jobs = tuple(job["job_name"] for job in config["scrape_configs"])
+    assert jobs == monitoring.JOBS
 
 
 def test_the_container_job_shares_the_vllm_instance():

@@ -13,20 +13,23 @@ import json
 import sys
 from pathlib import Path
 
+from k3rocm import monitoring as m
 from k3rocm.setting_table import STATUS_PORT
 
 UID = "kimi-k3-rocm"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 INSTANCE = 'instance=~"$instance"'
 WIDTH = 24  # Grafana's grid width
-STEP_KINDS_SELECTOR = f'{INSTANCE}, kind!="dummy"'
+STEP_KINDS_SELECTOR = f"{INSTANCE}, {m.REAL_STEPS_SELECTOR}"
+VERDICT_COLORS = ("green", "red", "yellow")  # in m.VERDICT_TEXT's order
 VERDICT_MAPPINGS = [
     {
         "type": "value",
         "options": {
-            "1": {"text": "pass", "color": "green", "index": 0},
-            "0": {"text": "FAIL", "color": "red", "index": 1},
-            "-1": {"text": "pending", "color": "yellow", "index": 2},
+            str(value): {"text": text, "color": color, "index": index}
+            for index, ((value, text), color) in enumerate(
+                zip(m.VERDICT_TEXT.items(), VERDICT_COLORS, strict=True)
+            )
         },
     }
 ]
@@ -82,17 +85,17 @@ def latency_panel(title: str, histogram: str, description: str) -> dict:
 
 def panels() -> list[list[tuple[int, int, dict]]]:
     """Rows of (width, height, panel), laid out left to right."""
-    step = "k3rocm_engine_step_duration_seconds"
+    step = m.STEP_DURATION
     build_info = {
         "type": "table",
         "title": "Build",
         "description": "vLLM version, applied patch series (none: unpatched), "
-        "image tag and ROCm version of each server (k3rocm_build_info).",
+        f"image tag and ROCm version of each server ({m.BUILD_INFO}).",
         "datasource": DATASOURCE,
         "targets": [
             target(
                 "A",
-                f"k3rocm_build_info{{{INSTANCE}}}",
+                f"{m.BUILD_INFO}{{{INSTANCE}}}",
                 "",
                 instant=True,
                 format="table",
@@ -108,38 +111,38 @@ def panels() -> list[list[tuple[int, int, dict]]]:
     smoke = {
         "type": "stat",
         "title": "Smoke verdict (stall-free prefill path)",
-        "description": "k3rocm_smoke_verdict: 1 pass, 0 fail, -1 no verdict yet.",
+        "description": f"{m.SMOKE_VERDICT}: 1 pass, 0 fail, -1 no verdict yet.",
         "datasource": DATASOURCE,
         "fieldConfig": {
             "defaults": {"mappings": VERDICT_MAPPINGS, "unit": "none"},
             "overrides": [],
         },
         "options": {"colorMode": "background", "textMode": "value_and_name"},
-        "targets": [target("A", f"k3rocm_smoke_verdict{{{INSTANCE}}}", "{{instance}}")],
+        "targets": [target("A", f"{m.SMOKE_VERDICT}{{{INSTANCE}}}", "{{instance}}")],
     }
     phase = {
         "type": "stat",
         "title": "Start-up phase",
-        "description": "k3rocm_container_phase, from the container's own endpoint "
+        "description": f"{m.CONTAINER_PHASE}, from the container's own endpoint "
         f"(port {STATUS_PORT.default}), up before vLLM serves: stage1, loading, "
         "stage2, serving, "
         "draining, stopping.",
         "datasource": DATASOURCE,
         "options": {"colorMode": "none", "textMode": "name"},
         "targets": [
-            target("A", f"k3rocm_container_phase{{{INSTANCE}}} == 1", "{{phase}}")
+            target("A", f"{m.CONTAINER_PHASE}{{{INSTANCE}}} == 1", "{{phase}}")
         ],
     }
     time_in_phase = {
         "type": "stat",
         "title": "Time in phase",
-        "description": "k3rocm_container_phase_seconds; KimiK3LoadSlow fires when a "
+        "description": f"{m.CONTAINER_PHASE_SECONDS}; KimiK3LoadSlow fires when a "
         "start-up phase outlasts K3_LOAD_ALERT_SECONDS.",
         "datasource": DATASOURCE,
         "fieldConfig": {"defaults": {"unit": "s"}, "overrides": []},
         "options": {"colorMode": "none", "textMode": "value_and_name"},
         "targets": [
-            target("A", f"k3rocm_container_phase_seconds{{{INSTANCE}}}", "{{phase}}")
+            target("A", f"{m.CONTAINER_PHASE_SECONDS}{{{INSTANCE}}}", "{{phase}}")
         ],
     }
     step_latency = timeseries(
@@ -157,7 +160,7 @@ def panels() -> list[list[tuple[int, int, dict]]]:
                 "{{kind}} p99",
             ),
         ],
-        "Wall time of one engine step (k3rocm_engine_step_duration_seconds). "
+        f"Wall time of one engine step ({m.STEP_DURATION}). "
         "The stall-free prefill path shortens prefill and mixed steps.",
     )
     steps_per_second = timeseries(
@@ -166,12 +169,11 @@ def panels() -> list[list[tuple[int, int, dict]]]:
         [
             target(
                 "A",
-                "sum by (kind) "
-                f"({rate('k3rocm_engine_steps_total', STEP_KINDS_SELECTOR)})",
+                f"sum by (kind) ({rate(m.STEPS_TOTAL, STEP_KINDS_SELECTOR)})",
                 "{{kind}}",
             )
         ],
-        "k3rocm_engine_steps_total, without data-parallel dummy steps.",
+        f"{m.STEPS_TOTAL}, without data-parallel dummy steps.",
     )
     tokens_per_second = timeseries(
         "Scheduled tokens per second by step kind",
@@ -179,12 +181,12 @@ def panels() -> list[list[tuple[int, int, dict]]]:
         [
             target(
                 "A",
-                f"sum by (kind) ({rate('k3rocm_engine_step_context_tokens_total')})",
+                f"sum by (kind) ({rate(m.CONTEXT_TOKENS)})",
                 "{{kind}} context",
             ),
             target(
                 "B",
-                f"sum by (kind) ({rate('k3rocm_engine_step_generation_tokens_total')})",
+                f"sum by (kind) ({rate(m.GENERATION_TOKENS)})",
                 "{{kind}} generation",
             ),
         ],
@@ -196,12 +198,12 @@ def panels() -> list[list[tuple[int, int, dict]]]:
         [
             target(
                 "A",
-                f"sum by (instance) (vllm:num_requests_running{{{INSTANCE}}})",
+                f"sum by (instance) ({m.REQUESTS_RUNNING}{{{INSTANCE}}})",
                 "{{instance}} running",
             ),
             target(
                 "B",
-                f"sum by (instance) (vllm:num_requests_waiting{{{INSTANCE}}})",
+                f"sum by (instance) ({m.REQUESTS_WAITING}{{{INSTANCE}}})",
                 "{{instance}} waiting",
             ),
         ],
@@ -213,11 +215,11 @@ def panels() -> list[list[tuple[int, int, dict]]]:
         [
             target(
                 "A",
-                f"max by (instance, engine) (vllm:kv_cache_usage_perc{{{INSTANCE}}})",
+                f"max by (instance, engine) ({m.KV_CACHE_USAGE}{{{INSTANCE}}})",
                 "{{instance}} engine {{engine}}",
             )
         ],
-        "Fraction of KV cache blocks in use (vllm:kv_cache_usage_perc).",
+        f"Fraction of KV cache blocks in use ({m.KV_CACHE_USAGE}).",
     )
     kv_cache["fieldConfig"]["defaults"].update(min=0, max=1)
     return [
@@ -259,7 +261,7 @@ def panels() -> list[list[tuple[int, int, dict]]]:
 
 def templating() -> dict:
     # Both scrape jobs: the container's is up while vLLM still loads.
-    instances = 'label_values(up{job=~"kimi-k3-vllm|kimi-k3-container"}, instance)'
+    instances = f'label_values(up{{job=~"{"|".join(m.JOBS)}"}}, instance)'
     return {
         "list": [
             {

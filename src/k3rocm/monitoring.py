@@ -1,0 +1,55 @@
+"""What the dashboard (k3rocm.dashboard) and the alert rules (k3rocm.alerts)
+share: Prometheus job names, metric names, selectors and alert thresholds.
+Both generated files are checked against this by tests/test_monitoring.py.
+"""
+
+from __future__ import annotations
+
+from k3rocm import smoke_verdict
+from k3rocm.smoke_verdict import VERDICT_FAIL, VERDICT_PASS, VERDICT_PENDING
+from k3rocm.states import StepKind
+from k3rocm.status import PHASES
+
+# The scrape jobs of monitoring/prometheus.yml: vLLM's /metrics (ours and
+# vLLM's own), and the container's start-up endpoint (k3rocm.status), which
+# carries the instance of its vLLM.
+VLLM_JOB = "kimi-k3-vllm"
+CONTAINER_JOB = "kimi-k3-container"
+JOBS = (VLLM_JOB, CONTAINER_JOB)
+
+# The metrics plugin's step metrics (k3rocm.metrics).
+STEP_DURATION = "k3rocm_engine_step_duration_seconds"
+STEPS_TOTAL = "k3rocm_engine_steps_total"
+CONTEXT_TOKENS = "k3rocm_engine_step_context_tokens_total"
+GENERATION_TOKENS = "k3rocm_engine_step_generation_tokens_total"
+BUILD_INFO = "k3rocm_build_info"
+SMOKE_VERDICT = smoke_verdict.NAME
+# The container's start-up metrics (k3rocm.status).
+CONTAINER_PHASE = "k3rocm_container_phase"
+CONTAINER_PHASE_SECONDS = "k3rocm_container_phase_seconds"
+LOAD_ALERT_BOUND = "k3rocm_container_load_alert_seconds"
+# vLLM's own.
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+REQUESTS_RUNNING = "vllm:num_requests_running"
+REQUESTS_WAITING = "vllm:num_requests_waiting"
+
+# The phases before serving: vLLM serves no HTTP in them.
+STARTUP_PHASES = PHASES[:3]
+STARTUP_PHASE_SELECTOR = f'phase=~"{"|".join(STARTUP_PHASES)}"'
+# Real steps only: data-parallel padding steps say nothing about latency.
+REAL_STEPS_SELECTOR = f'kind!="{StepKind.DUMMY}"'
+
+# The smoke verdict gauge's values, as the dashboard shows them.
+VERDICT_TEXT = {VERDICT_PASS: "pass", VERDICT_FAIL: "FAIL", VERDICT_PENDING: "pending"}
+
+# Alert thresholds: starting points for Kimi-K3 on 8x MI355X with
+# --max-num-batched-tokens 4096; tune them to your own baseline.
+STEP_P99_SECONDS = {StepKind.PREFILL: 5, StepKind.MIXED: 5, StepKind.DECODE: 0.25}
+STEP_P99_FOR = "10m"
+# Prefill time per token over 30 minutes against its one-day average.
+PREFILL_REGRESSION_RATIO = 1.2
+KV_CACHE_FULL = 0.95
+# How long without a smoke verdict is too long.
+NO_VERDICT_FOR = "30m"
+REQUESTS_WAITING_FOR = "10m"
+DOWN_FOR = "2m"
