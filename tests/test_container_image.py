@@ -56,6 +56,7 @@ def test_dockerfile_shape():
     text = DOCKERFILE.read_text()
     assert dockerfile_arg("BASE_IMAGE") == BASE_IMAGE
     assert dockerfile_arg("ROCM_VERSION") == ROCM_VERSION
+    assert dockerfile_arg("K3_VLLM_VERSION") == SERIES.vllm_version
     # Thin: every RUN is a build step the tests run.
     runs = re.findall(r"^RUN (.*)$", text.replace("\\\n", " "), re.M)
     steps = re.findall(r"build-steps\.sh (\w+)", " ".join(runs))
@@ -75,6 +76,16 @@ def test_dockerfile_shape():
     assert 'CMD ["python3", "-m", "k3rocm.health"]' in text
     assert 'ENTRYPOINT ["dumb-init", "--single-child", "--"]' in text
     assert re.search(r"^USER \$\{K3_UID\}$", text, re.M)
+
+
+def test_dockerfile_names_versions_only_in_build_argument_defaults():
+    """patches/series.toml and k3rocm.image are the versions' homes; the
+    Dockerfile repeats them only where Docker needs a default (a build
+    without arguments, as compose's), and the test above holds those equal."""
+    text = DOCKERFILE.read_text()
+    for version in (SERIES.vllm_version, ROCM_VERSION):
+        lines = [line for line in text.splitlines() if version in line]
+        assert lines and all(line.startswith("ARG ") for line in lines), lines
 
 
 def test_tag_scheme():

@@ -22,14 +22,23 @@ from pathlib import Path
 
 from k3rocm import patchset
 from k3rocm.rocm import DEFAULT_ROCM_ROOT, RocmVersionError, read_rocm_version
-from k3rocm.series import Series, default_series_dir
+from k3rocm.series import Series, default_series_dir, shipped_series
 from k3rocm.states import PatchState
 
-# The base image the series is verified against, and the ROCm release in it.
-# docker/Dockerfile's BASE_IMAGE default and scripts/build-image use these;
-# the tests hold them equal.
-BASE_IMAGE = "vllm/vllm-openai-rocm:v0.27.1"
+# The base image the series is verified against (vLLM's ROCm image of the
+# series' vLLM version, patches/series.toml), and the ROCm release in it.
+# scripts/build-image uses these; docker/Dockerfile's defaults for builds
+# without build arguments (compose) cannot be computed, so the tests hold
+# them equal.
+BASE_IMAGE_REPOSITORY = "vllm/vllm-openai-rocm"
 ROCM_VERSION = "7.2"
+
+
+def base_image(series: Series) -> str:
+    return f"{BASE_IMAGE_REPOSITORY}:v{series.vllm_version}"
+
+
+BASE_IMAGE = base_image(shipped_series())
 # Where the image records what it holds (docker/Dockerfile writes it).
 VERSIONS_FILE = Path("/etc/k3rocm/versions.json")
 # Distributions whose versions decide what the container does.

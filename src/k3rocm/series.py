@@ -10,7 +10,7 @@ import hashlib
 import re
 import tomllib
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -90,6 +90,13 @@ class Series:
     def series_id(self) -> str:
         """What the marker, the smoke test and the metrics report."""
         return f"{self.revision}+{self.sha256[:12]}"
+
+
+@cache
+def shipped_series() -> Series:
+    """The series this k3rocm carries: its vLLM version is the one every
+    build, message and check names."""
+    return Series(default_series_dir())
 
 
 class SeriesError(Exception):

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from k3rocm.launcher.setting_table import label, shown
+from k3rocm.series import shipped_series
 
 # vLLM's destination of each flag the launcher owns, and the setting that
 # owns it. --middleware is not here: the launcher's DrainMiddleware stays
@@ -116,14 +117,16 @@ def owned_flag_problems(args: Sequence[str]) -> list[str]:
         problems.append(
             f"{label('extra_args')} passes "
             f"{', '.join(shown(arg) for arg in reading.unknown_flags)}, which "
-            "vLLM 0.27.1's `vllm serve` does not accept; check the spelling "
+            f"vLLM {shipped_series().vllm_version}'s `vllm serve` does not "
+            "accept; check the spelling "
             "against `vllm serve --help`."
         )
     if reading.refusal is not None:
         # The parse stopped short, so also look for the owned flags by name.
         problems += _fallback_problems(args)
         problems.append(
-            f"{label('extra_args')} would be refused by vLLM 0.27.1's parser "
+            f"{label('extra_args')} would be refused by vLLM "
+            f"{shipped_series().vllm_version}'s parser "
             f"({reading.refusal}); fix them so that `vllm serve` accepts them."
         )
     if reading.secret:

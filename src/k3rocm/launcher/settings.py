@@ -34,6 +34,7 @@ from k3rocm.launcher.setting_table import (
     label,
     shown,
 )
+from k3rocm.series import shipped_series
 from k3rocm.setting_table import (
     DRI_DIR,
     HOST,
@@ -84,7 +85,8 @@ class LaunchSettings:
 def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="serve-kimi-k3",
-        description="Start vLLM 0.27.1 serving Kimi-K3 on AMD MI355X/MI350X "
+        description=f"Start vLLM {shipped_series().vllm_version} serving Kimi-K3 "
+        "on AMD MI355X/MI350X "
         "from a few settings, after checking them. Each option has a matching "
         "environment variable; the option wins.",
         epilog="profiles:\n"
