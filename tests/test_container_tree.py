@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 from container_tree import session_processes, start_container_tree, stop_container_tree
 
-from k3rocm.supervise import EXIT_SMOKE, EXIT_VLLM
+from k3rocm.guard import EXIT_SMOKE, EXIT_VLLM
 
 # A cold vLLM CPU server takes ~50 s here; the smoke test's stage 1 ~25 s.
 SERVER_START = 240

@@ -12,9 +12,9 @@ import subprocess
 import pytest
 
 from k3rocm.contract import READY_MARK, VLLM_GROUP_FILE
+from k3rocm.guard import EXIT_VLLM, Guard
 from k3rocm.health import check_headless
 from k3rocm.node import connected_to, headless_node, node_from_env
-from k3rocm.supervise import EXIT_VLLM, Guard
 
 NODE1 = {"K3_PROFILE": "tep16", "K3_NODE_RANK": "1", "K3_MASTER_ADDR": "127.0.0.1"}
 

@@ -43,6 +43,7 @@ class Profile:
             return 1
         return self.world_size // self.ranks_per_node
 
+
 PROFILES: dict[str, Profile] = {
     profile.name: profile
     for profile in (

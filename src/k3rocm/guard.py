@@ -1,0 +1,136 @@
+"""The container's guard: supervisord's event listener
+(``python -m k3rocm.supervise listen``), which decides from each process
+event whether the container must stop, and with which exit code.
+
+Exit codes (``k3rocm.supervise run`` exits with them): 3 vLLM could not be
+kept running (fatal at start; more than ``K3_VLLM_MAX_RESTARTS`` deaths; or
+any death on a node of a multi-node job, which cannot rejoin alone); 4 the
+smoke test failed under ``K3_SMOKE_ON_FAILURE=stop``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from k3rocm.contract import DEATHS_FILE, REASON_FILE, run_dir, smoke_report_path
+from k3rocm.node import Node, node_from_env
+from k3rocm.setting_table import VLLM_MAX_RESTARTS
+
+EXIT_VLLM, EXIT_SMOKE = 3, 4
+
+
+def _log(message: str) -> None:
+    print(f"k3rocm.supervise: {message}", file=sys.stderr, flush=True)
+
+
+class Guard:
+    """Decides, event by event, whether the container must stop. The count of
+    vLLM deaths lives in ``deaths_file``, so a restarted guard keeps it."""
+
+    def __init__(self, max_restarts: int, deaths_file: Path, node: Node | None = None):
+        self.max_restarts = max_restarts
+        self.deaths_file = deaths_file
+        # A node of a multi-node job: a lone restart cannot rejoin it.
+        self.multi_node = node if node is not None and node.multi_node else None
+
+    @property
+    def vllm_deaths(self) -> int:
+        try:
+            return int(self.deaths_file.read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def _count_death(self) -> int:
+        deaths = self.vllm_deaths + 1
+        tmp = self.deaths_file.with_name(f".{self.deaths_file.name}.tmp")
+        tmp.write_text(f"{deaths}\n")
+        os.replace(tmp, self.deaths_file)
+        return deaths
+
+    def judge(
+        self, event: str, process: str, expected: bool, from_state: str = "RUNNING"
+    ) -> tuple[int, str] | None:
+        """(exit code, reason) when the container must stop, else None."""
+        if process == "vllm" and event == "PROCESS_STATE_FATAL":
+            return EXIT_VLLM, (
+                "vLLM failed to start (died within K3_VLLM_START_SECONDS "
+                f"{self.max_restarts + 1} times in a row)"
+            )
+        # A stop that supervisord was asked for ends in STOPPED, never EXITED:
+        # every EXITED of a running vLLM is a death, whatever its status (an
+        # engine death can end in a clean exit of the API server). Exits while
+        # STARTING are failed starts: supervisord retries them, then FATAL.
+        if (
+            process == "vllm"
+            and event == "PROCESS_STATE_EXITED"
+            and from_state == "RUNNING"
+        ):
+            deaths = self._count_death()
+            if self.multi_node is not None:
+                return EXIT_VLLM, (
+                    f"vLLM exited on node {self.multi_node.rank} of a multi-node "
+                    f"deployment ({self.multi_node.profile}); one node cannot "
+                    "rejoin a running job alone, so every node stops and must "
+                    "start again together (see the other nodes' logs for the "
+                    "first failure)"
+                )
+            if deaths > self.max_restarts:
+                return EXIT_VLLM, (
+                    f"vLLM died {deaths} times; K3_VLLM_MAX_RESTARTS="
+                    f"{self.max_restarts} restarts allowed"
+                )
+            _log(
+                f"vLLM exited unasked; restart {deaths} of {self.max_restarts} "
+                "(K3_VLLM_MAX_RESTARTS)"
+            )
+        if process == "smoke" and (
+            event == "PROCESS_STATE_FATAL"
+            or (event == "PROCESS_STATE_EXITED" and not expected)
+        ):
+            report = smoke_report_path()
+            if not report.is_file():
+                return EXIT_SMOKE, (
+                    "the smoke test could not run (no report at "
+                    f"{report}; its error is logged above)"
+                )
+            return EXIT_SMOKE, (
+                f"smoke test failed under K3_SMOKE_ON_FAILURE=stop (see {report})"
+            )
+        return None
+
+
+def listen() -> int:
+    from supervisor import childutils
+
+    directory = run_dir()
+    try:
+        node = node_from_env(os.environ)
+    except ValueError:
+        node = None  # the launcher refuses these settings, saying why
+    guard = Guard(
+        int(VLLM_MAX_RESTARTS.text(os.environ)), directory / DEATHS_FILE, node
+    )
+    reason_file = directory / REASON_FILE
+    while True:
+        headers, payload = childutils.listener.wait(sys.stdin, sys.stdout)
+        body = childutils.get_headers(payload.split("\n", 1)[0])
+        verdict = guard.judge(
+            headers["eventname"],
+            body["processname"],
+            body.get("expected") == "1",
+            body.get("from_state", "RUNNING"),
+        )
+        if verdict and not reason_file.exists():
+            code, reason = verdict
+            tmp = reason_file.with_name(REASON_FILE + ".tmp")
+            tmp.write_text(json.dumps({"exit_code": code, "reason": reason}) + "\n")
+            os.replace(tmp, reason_file)
+            _log(f"stopping the container: {reason}")
+            # Our parent is supervisord: SIGTERM makes it stop every program
+            # (vLLM gracefully) and exit; `run` then exits with `code`.
+            os.kill(os.getppid(), signal.SIGTERM)
+        childutils.listener.ok(sys.stdout)
