@@ -118,6 +118,12 @@ def assert_rejected(node: Node, result, *fragments: str) -> None:
 
 # Node 1 of tep16, its addresses fine until a case changes one.
 NODE1 = {"K3_PROFILE": "tep16", "K3_NODE_RANK": "1", "K3_MASTER_ADDR": "10.1.2.3"}
+
+
+def _on_node1(variable: str, value: str, *fragments: str):
+    return {**NODE1, variable: value}, list(fragments)
+
+
 # Each case: settings, then fragments the message must contain (what is
 # wrong, then how to fix it).
 INVALID = {
@@ -171,33 +177,41 @@ INVALID = {
         {"K3_API_KEY_FILE": "/run/secrets/none"},
         ["'/run/secrets/none', which is not an existing file", "chmod 600"],
     ),
-    "master address on loopback": (
-        {**NODE1, "K3_MASTER_ADDR": "127.0.0.1"},
-        ["K3_MASTER_ADDR (--master-addr) is '127.0.0.1', a loopback or wildcard"],
+    "master address on loopback": _on_node1(
+        "K3_MASTER_ADDR",
+        "127.0.0.1",
+        "K3_MASTER_ADDR (--master-addr) is '127.0.0.1', a loopback or wildcard",
     ),
-    "master address that does not resolve": (
-        {**NODE1, "K3_MASTER_ADDR": "node0.invalid"},
-        ["'node0.invalid', which does not resolve", "node 0's address"],
+    "master address that does not resolve": _on_node1(
+        "K3_MASTER_ADDR",
+        "node0.invalid",
+        "'node0.invalid', which does not resolve",
+        "node 0's address",
     ),
-    "host address not of this node": (
-        {**NODE1, "VLLM_HOST_IP": "192.0.2.77"},
-        ["VLLM_HOST_IP is '192.0.2.77', which is not an address of this node"],
+    "host address not of this node": _on_node1(
+        "VLLM_HOST_IP",
+        "192.0.2.77",
+        "VLLM_HOST_IP is '192.0.2.77', which is not an address of this node",
     ),
-    "host address on loopback": (
-        {**NODE1, "VLLM_HOST_IP": "127.0.0.1"},
-        ["VLLM_HOST_IP is '127.0.0.1', a loopback or wildcard address"],
+    "host address on loopback": _on_node1(
+        "VLLM_HOST_IP",
+        "127.0.0.1",
+        "VLLM_HOST_IP is '127.0.0.1', a loopback or wildcard address",
     ),
-    "host address not an address": (
-        {**NODE1, "VLLM_HOST_IP": "node1"},
-        ["VLLM_HOST_IP is 'node1', which is not an IP address"],
+    "host address not an address": _on_node1(
+        "VLLM_HOST_IP", "node1", "VLLM_HOST_IP is 'node1', which is not an IP address"
     ),
-    "socket interface that does not exist": (
-        {**NODE1, "NCCL_SOCKET_IFNAME": "^docker,ibzz9"},
-        ["NCCL_SOCKET_IFNAME is '^docker,ibzz9'", "no interface starting with 'ibzz9'"],
+    "socket interface that does not exist": _on_node1(
+        "NCCL_SOCKET_IFNAME",
+        "^docker,ibzz9",
+        "NCCL_SOCKET_IFNAME is '^docker,ibzz9'",
+        "no interface starting with 'ibzz9'",
     ),
-    "exact socket interface that does not exist": (
-        {**NODE1, "GLOO_SOCKET_IFNAME": "=l"},
-        ["GLOO_SOCKET_IFNAME is '=l'", "no interface named 'l'"],
+    "exact socket interface that does not exist": _on_node1(
+        "GLOO_SOCKET_IFNAME",
+        "=l",
+        "GLOO_SOCKET_IFNAME is '=l'",
+        "no interface named 'l'",
     ),
     "multi-node without master address": (
         {"K3_PROFILE": "tep16", "K3_NODE_RANK": "1"},
