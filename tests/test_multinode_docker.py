@@ -9,10 +9,13 @@ bridge network instead of host networking on a cluster network.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
 from docker_images import Container, docker, http, run_container
+
+from k3rocm.guard import LOST_NODE0_SECONDS
 
 pytestmark = pytest.mark.docker
 NETWORK = "k3rocm-test-nodes"
@@ -37,8 +40,11 @@ def _node(image, model, name: str, rank: int) -> Container:
     )
 
 
-@pytest.fixture(scope="module")
-def nodes(image, model):
+@contextlib.contextmanager
+def two_nodes(image, model):
+    """Node 0 and node 1, both healthy."""
+    # What an interrupted run left: containers first, then their network.
+    docker("rm", "-f", "-v", NODE0, NODE1, check=False)
     docker("network", "rm", NETWORK, check=False)
     docker("network", "create", NETWORK)
     started: list[Container] = []
@@ -52,6 +58,12 @@ def nodes(image, model):
         for node in started:
             node.remove()
         docker("network", "rm", NETWORK, check=False)
+
+
+@pytest.fixture(scope="module")
+def nodes(image, model):
+    with two_nodes(image, model) as started:
+        yield started
 
 
 def test_two_nodes_serve_a_completion_through_node_0(nodes):
@@ -77,8 +89,14 @@ def test_two_nodes_serve_a_completion_through_node_0(nodes):
     assert '"joined"' in report and '"verdict": "pass"' in report
 
 
+def stop_reasons(node: Container) -> list[str]:
+    return [
+        line for line in node.logs().splitlines() if "stopping the container:" in line
+    ]
+
+
 def test_stopping_node_1_stops_node_0_with_one_reason(nodes):
-    """Last in this module: it stops both nodes."""
+    """Last user of `nodes`: it stops both."""
     node0, node1 = nodes
     docker("stop", node1.name, timeout=180)
     assert node1.state()["ExitCode"] == 0
@@ -90,11 +108,24 @@ def test_stopping_node_1_stops_node_0_with_one_reason(nodes):
     )
     assert status >= 500
     assert node0.wait_exit(180) == 3
-    reasons = [
-        line for line in node0.logs().splitlines() if "stopping the container:" in line
-    ]
+    reasons = stop_reasons(node0)
     assert len(reasons) == 1, reasons
     assert (
         "vLLM exited on node 0 of a multi-node deployment (cpu-dev-2node)"
         in (reasons[0])
     )
+
+
+def test_stopping_node_0_stops_node_1_with_one_reason(image, model):
+    """vLLM on a headless node waits for a dead node 0 forever; the guard
+    stops the container once node 0 has been gone for 15 s."""
+    with two_nodes(image, model) as (node0, node1):
+        docker("stop", node0.name, timeout=180)
+        assert node0.state()["ExitCode"] == 0
+        assert node1.wait_exit(120) == 3
+        reasons = stop_reasons(node1)
+        assert len(reasons) == 1, reasons
+        assert (
+            f"headless node 1 lost its connection to node 0 at {NODE0}:29501 "
+            f"for {LOST_NODE0_SECONDS} s" in reasons[0]
+        )

@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 
-from k3rocm.contract import READY_MARK, VLLM_GROUP_FILE
-from k3rocm.guard import EXIT_VLLM, Guard
+from k3rocm.contract import DRAIN_MARK, READY_MARK, VLLM_GROUP_FILE
+from k3rocm.guard import EXIT_VLLM, LOST_NODE0_SECONDS, Guard
 from k3rocm.health import check_headless
 from k3rocm.node import connected_to, headless_node, node_from_env
 
@@ -129,3 +129,27 @@ def test_a_multi_node_death_stops_the_container_at_once(tmp_path):
     assert reason.startswith("vLLM exited on node 1 of a multi-node deployment (tep16)")
     # A failed start is supervisord's to retry, on every layout.
     assert multi.judge(exited, "vllm", False, from_state="STARTING") is None
+
+
+def test_a_headless_node_that_lost_node_0_stops(tmp_path):
+    """vLLM on a headless node waits for a dead node 0 forever (seen in
+    tests/test_multinode_docker.py before this rule); the guard's tick ends it."""
+    with connection("127.0.0.1") as port:
+        node = node_from_env({**NODE1, "K3_MASTER_PORT": str(port)})
+        guard = Guard(3, tmp_path / "vllm-deaths", node)
+        assert guard.tick(0.0) is None  # not joined yet: no ready mark
+        (tmp_path / READY_MARK).write_text("pass\n")
+        assert guard.tick(1.0) is None  # joined and connected
+    assert guard.tick(2.0) is None  # gone, but not for long
+    assert guard.tick(2.0 + LOST_NODE0_SECONDS - 1) is None
+    code, reason = guard.tick(2.0 + LOST_NODE0_SECONDS)
+    assert code == EXIT_VLLM
+    assert reason.startswith(
+        f"headless node 1 lost its connection to node 0 at 127.0.0.1:{port}"
+    )
+    # A stop under way closes the connection itself: no verdict then.
+    (tmp_path / DRAIN_MARK).write_text("{}")
+    assert guard.tick(100.0) is None
+    # Node 0 and single nodes have nobody to lose.
+    for env in ({**NODE1, "K3_NODE_RANK": "0"}, {}):
+        assert Guard(3, tmp_path / "d", node_from_env(env)).tick(1e6) is None

@@ -3,9 +3,11 @@
 event whether the container must stop, and with which exit code.
 
 Exit codes (``k3rocm.supervise run`` exits with them): 3 vLLM could not be
-kept running (fatal at start; more than ``K3_VLLM_MAX_RESTARTS`` deaths; or
-any death on a node of a multi-node job, which cannot rejoin alone); 4 the
-smoke test failed under ``K3_SMOKE_ON_FAILURE=stop``.
+kept running (fatal at start; more than ``K3_VLLM_MAX_RESTARTS`` deaths;
+any death on a node of a multi-node job, which cannot rejoin alone; or, on
+a headless node, node 0 gone for ``LOST_NODE0_SECONDS``, which vLLM there
+would wait for forever); 4 the smoke test failed under
+``K3_SMOKE_ON_FAILURE=stop``.
 """
 
 from __future__ import annotations
@@ -14,13 +16,24 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
-from k3rocm.contract import DEATHS_FILE, REASON_FILE, run_dir, smoke_report_path
-from k3rocm.node import Node, node_from_env
+from k3rocm.contract import (
+    DEATHS_FILE,
+    DRAIN_MARK,
+    READY_MARK,
+    REASON_FILE,
+    run_dir,
+    smoke_report_path,
+)
+from k3rocm.node import Node, connected_to, node_from_env
 from k3rocm.setting_table import VLLM_MAX_RESTARTS
 
 EXIT_VLLM, EXIT_SMOKE = 3, 4
+# A headless node whose connection to node 0 stays gone this long after it
+# joined has lost the job: its vLLM would wait for node 0 forever.
+LOST_NODE0_SECONDS = 15
 
 
 def _log(message: str) -> None:
@@ -36,6 +49,7 @@ class Guard:
         self.deaths_file = deaths_file
         # A node of a multi-node job: a lone restart cannot rejoin it.
         self.multi_node = node if node is not None and node.multi_node else None
+        self.lost_since: float | None = None
 
     @property
     def vllm_deaths(self) -> int:
@@ -102,6 +116,31 @@ class Guard:
             )
         return None
 
+    def tick(self, now: float) -> tuple[int, str] | None:
+        """On a headless node that has joined (ready mark) and is not being
+        stopped: (exit code, reason) once node 0 has been gone for
+        LOST_NODE0_SECONDS."""
+        node = self.multi_node
+        directory = self.deaths_file.parent
+        if (
+            node is None
+            or not node.headless
+            or not (directory / READY_MARK).exists()
+            or (directory / DRAIN_MARK).exists()
+            or connected_to(str(node.master_addr), node.master_port)
+        ):
+            self.lost_since = None
+            return None
+        if self.lost_since is None:
+            self.lost_since = now
+        if now - self.lost_since < LOST_NODE0_SECONDS:
+            return None
+        return EXIT_VLLM, (
+            f"headless node {node.rank} lost its connection to node 0 at "
+            f"{node.master_addr}:{node.master_port} for {LOST_NODE0_SECONDS} s; "
+            "the job is gone, so every node stops and must start again together"
+        )
+
 
 def listen() -> int:
     from supervisor import childutils
@@ -118,12 +157,15 @@ def listen() -> int:
     while True:
         headers, payload = childutils.listener.wait(sys.stdin, sys.stdout)
         body = childutils.get_headers(payload.split("\n", 1)[0])
-        verdict = guard.judge(
-            headers["eventname"],
-            body["processname"],
-            body.get("expected") == "1",
-            body.get("from_state", "RUNNING"),
-        )
+        if headers["eventname"].startswith("TICK_"):
+            verdict = guard.tick(time.monotonic())
+        else:
+            verdict = guard.judge(
+                headers["eventname"],
+                body["processname"],
+                body.get("expected") == "1",
+                body.get("from_state", "RUNNING"),
+            )
         if verdict and not reason_file.exists():
             code, reason = verdict
             tmp = reason_file.with_name(REASON_FILE + ".tmp")
