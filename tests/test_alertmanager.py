@@ -309,42 +309,26 @@ def alert_path(tmp_path_factory) -> Iterator[AlertPath]:
         webhook.server.server_close()
 
 
-def test_a_critical_alert_reaches_the_critical_receiver(alert_path):
+@pytest.mark.parametrize(
+    "severity, other", [("critical", "warning"), ("warning", "critical")]
+)
+def test_an_alert_reaches_the_receiver_of_its_severity(alert_path, severity, other):
+    name = f"Test{severity.capitalize()}Alert"
     alert_path.wait_for(
-        lambda: alert_path.delivered("/critical-webhook", "TestCriticalAlert"),
-        "TestCriticalAlert at the critical webhook",
+        lambda: alert_path.delivered(f"/{severity}-webhook", name),
+        f"{name} at the {severity} webhook",
     )
-    payload, alert = alert_path.delivered("/critical-webhook", "TestCriticalAlert")[0]
-    assert payload["receiver"] == "critical-webhook"
+    payload, alert = alert_path.delivered(f"/{severity}-webhook", name)[0]
+    assert payload["receiver"] == f"{severity}-webhook"
     assert payload["status"] == alert["status"] == "firing"
     assert alert["labels"] == {
-        "alertname": "TestCriticalAlert",
-        "severity": "critical",
+        "alertname": name,
+        "severity": severity,
         "instance": TEST_INSTANCE,
     }
-    assert alert["annotations"]["summary"] == (
-        "TestCriticalAlert (critical) fires in a test"
-    )
-    assert payload["groupLabels"] == {
-        "alertname": "TestCriticalAlert",
-        "instance": TEST_INSTANCE,
-    }
-    assert not alert_path.delivered("/warning-webhook", "TestCriticalAlert")
-
-
-def test_a_warning_alert_reaches_the_warning_receiver(alert_path):
-    alert_path.wait_for(
-        lambda: alert_path.delivered("/warning-webhook", "TestWarningAlert"),
-        "TestWarningAlert at the warning webhook",
-    )
-    payload, alert = alert_path.delivered("/warning-webhook", "TestWarningAlert")[0]
-    assert payload["receiver"] == "warning-webhook"
-    assert alert["labels"] == {
-        "alertname": "TestWarningAlert",
-        "severity": "warning",
-        "instance": TEST_INSTANCE,
-    }
-    assert not alert_path.delivered("/critical-webhook", "TestWarningAlert")
+    assert alert["annotations"]["summary"] == f"{name} ({severity}) fires in a test"
+    assert payload["groupLabels"] == {"alertname": name, "instance": TEST_INSTANCE}
+    assert not alert_path.delivered(f"/{other}-webhook", name)
 
 
 def test_critical_inhibits_the_warning_of_the_same_alert_and_instance(alert_path):
