@@ -183,13 +183,18 @@ def _chunk_counts(cu_seqlens_cpu: torch.Tensor) -> tuple[int, int, int]:
             if chunks > most_chunks:
                 most_chunks = chunks
         return num_seqs, total_chunks, most_chunks
-    # In place: one temporary array.
-    chunks = cu_seqlens_cpu.numpy()
-    chunks = chunks[1:] - chunks[:-1]
-    chunks += _CHUNK_ROUND
-    chunks >>= _CHUNK_SHIFT
-    # The ufuncs' own reductions: ndarray.sum/max add a Python layer.
-    return num_seqs, int(np.add.reduce(chunks)), int(np.maximum.reduce(chunks))
+    # One temporary array. Start minus end is minus the length, and an
+    # arithmetic shift floors: -(-length >> shift) is the length's chunk
+    # count, with no add. The ufuncs' own reductions: ndarray.sum/min add a
+    # Python layer.
+    ends = cu_seqlens_cpu.numpy()
+    minus_chunks = np.subtract(ends[:-1], ends[1:])
+    minus_chunks >>= _CHUNK_SHIFT
+    return (
+        num_seqs,
+        -int(np.add.reduce(minus_chunks)),
+        -int(np.minimum.reduce(minus_chunks)),
+    )
 
 
 def _outputs(
@@ -200,9 +205,13 @@ def _outputs(
     allocation cut into both would need one 16-byte pad and three view
     calls, which cost about what the second allocation does (benchmarks/
     gpu_bench.py measures both)."""
+    # empty_strided skips the stride computation that empty/new_empty do.
+    device = cu_seqlens.device
     return (
-        cu_seqlens.new_empty((total_chunks, 2)),
-        cu_seqlens.new_empty(num_seqs + 1, dtype=torch.int64),
+        torch.empty_strided(
+            (total_chunks, 2), (2, 1), dtype=torch.int32, device=device
+        ),
+        torch.empty_strided((num_seqs + 1,), (1,), dtype=torch.int64, device=device),
     )
 
 
