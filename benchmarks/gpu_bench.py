@@ -19,7 +19,8 @@ min-max, and the rounds the patched side won. What one round's value is:
   step model    the median of MODEL_STEPS per-step intervals on the GPU's
                 timeline (an event recorded as each step starts), sides
                 taking turns by round (interleaved()).
-The process's main thread is pinned to one CPU (kda_harness.pin_to_quiet_cpu)
+The process's main thread is pinned to one CPU (kda_harness.pin_to_quiet_cpu),
+re-picked before every round (repin_to_quiet_cpu: the vCPUs' speeds drift),
 and Python's garbage collector is off while a round is timed.
 
 Paths compared for the metadata step:
@@ -48,11 +49,13 @@ sys.path.insert(0, str(HERE))
 
 from kda_harness import (  # noqa: E402
     BUNDLE,
+    REPINS,
     cpu_steal_ticks,
     cu_seqlens,
     kda_inputs,
     load_tree,
     pin_to_quiet_cpu,
+    repin_to_quiet_cpu,
 )
 
 kda_ops = load_tree("patched")
@@ -112,6 +115,7 @@ def interleaved(sides: dict, rounds: int = ROUNDS) -> dict:
     names = list(sides)
     values = {name: [] for name in names}
     for r in range(rounds + 1):
+        repin_to_quiet_cpu()
         for name in names if r % 2 else names[::-1]:
             value = sides[name]()
             if r:
@@ -155,6 +159,7 @@ def host_rounds(
     names = list(paths)
     values = {name: [] for name in names}
     for r in range(rounds + 1):
+        repin_to_quiet_cpu()
         order = names if r % 2 else names[::-1]
         batches = {name: [cu_seqlens(seq_lens) for _ in range(steps)] for name in names}
         samples = {name: [] for name in names}
@@ -246,6 +251,7 @@ def host_breakdown(seq_lens, reps=400) -> dict:
     includes freeing what it made."""
     import vllm.models.kimi_k3.amd.kda_metadata as kernel
 
+    repin_to_quiet_cpu()
     dev, host = cu_seqlens(seq_lens)
     ours(dev, host)
     num_seqs, total, most = kernel._chunk_counts(host)
@@ -450,6 +456,11 @@ def main():
             row[side]["mean_ms_per_step_rounds"] = MEANS[patched][1:]
         print(name, flush=True)
     report["cpu_steal_ticks_during_run"] = cpu_steal_ticks() - steal_before
+    report["repins"] = {
+        "what": "before every round (and each breakdown): [pinned CPU, its "
+        "workload us, median us over CPUs], in the order the run took them",
+        "rounds": REPINS,
+    }
 
     out = Path(os.environ.get("OUT", "/tmp")) / "bench.json"
     out.write_text(json.dumps(report, indent=2))

@@ -63,40 +63,70 @@ def cpu_steal_ticks() -> int:
         return int(stat.readline().split()[8])
 
 
+def _calibration_us(samples: int) -> float:
+    """Median time of a fixed pure-Python workload on the current CPU."""
+    import statistics
+    import time
+
+    times = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        sum(range(20_000))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def _fastest_cpu(passes: int, samples: int) -> tuple[int, dict[int, float]]:
+    """The CPU that ran the workload fastest, the worst of `passes` passes
+    over every allowed CPU counting; the thread is left pinned to it."""
+    import os
+
+    allowed = sorted(ALLOWED_CPUS)
+    worst: dict[int, float] = {}
+    for _ in range(passes):
+        for cpu in allowed:
+            os.sched_setaffinity(0, {cpu})
+            worst[cpu] = max(worst.get(cpu, 0.0), _calibration_us(samples))
+    chosen = min(worst, key=worst.get)
+    os.sched_setaffinity(0, {chosen})
+    return chosen, worst
+
+
+ALLOWED_CPUS: set[int] = set()
+# One entry per repin_to_quiet_cpu() call: (pinned CPU, its workload time in
+# us, median over CPUs), so a report can show how fast the host was in each
+# round.
+REPINS: list[tuple[int, float, float]] = []
+
+
 def pin_to_quiet_cpu() -> dict:
     """Pin this (the main) thread to one CPU: the one that ran a fixed pure-
     Python workload fastest, the worse of two passes over every CPU counting.
     CUDA is initialized first, so the driver's own threads keep every CPU.
-    Every side of every comparison then runs on that CPU; the calibration is
-    reported with the results."""
+    The calibration is reported with the results; repin_to_quiet_cpu()
+    repeats the choice before each round, because the vCPUs' speeds change
+    over a run (by 2x within minutes, observed)."""
     import os
     import statistics
-    import time
 
     torch.zeros(1, device="cuda")
-    allowed = sorted(os.sched_getaffinity(0))
-
-    def calibrate() -> float:
-        samples = []
-        for _ in range(15):
-            start = time.perf_counter()
-            sum(range(20_000))
-            samples.append(time.perf_counter() - start)
-        return statistics.median(samples) * 1e6
-
-    passes = []
-    for _ in range(2):
-        times = {}
-        for cpu in allowed:
-            os.sched_setaffinity(0, {cpu})
-            times[cpu] = calibrate()
-        passes.append(times)
-    worse = {cpu: max(p[cpu] for p in passes) for cpu in allowed}
-    chosen = min(worse, key=worse.get)
-    os.sched_setaffinity(0, {chosen})
+    ALLOWED_CPUS.update(os.sched_getaffinity(0))
+    chosen, worst = _fastest_cpu(passes=2, samples=15)
     return {
-        "cpus": len(allowed),
+        "cpus": len(worst),
         "pinned_cpu": chosen,
-        "calibration_us_per_cpu": worse,
-        "calibration_us_median_over_cpus": statistics.median(worse.values()),
+        "calibration_us_per_cpu": worst,
+        "calibration_us_median_over_cpus": statistics.median(worst.values()),
     }
+
+
+def repin_to_quiet_cpu() -> None:
+    """Re-pick the fastest CPU now (one quick pass) and pin to it; a round's
+    sides all run on the CPU picked before the round. No-op unless
+    pin_to_quiet_cpu() ran first."""
+    import statistics
+
+    if not ALLOWED_CPUS:
+        return
+    chosen, times = _fastest_cpu(passes=1, samples=5)
+    REPINS.append((chosen, times[chosen], statistics.median(times.values())))
