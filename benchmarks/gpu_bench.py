@@ -151,7 +151,12 @@ def host_rounds(
     """Host wall time of one metadata step, per side and round: the median
     of the side's `steps` steps in the round, each issued with the GPU queue
     empty or behind `queued_cycles` of torch.cuda._sleep, on fresh tensors
-    (which defeats FLA's tensor_cache). The order of the sides is reversed
+    (which defeats FLA's tensor_cache). Behind queued work the host does not
+    wait for the queue between steps (a wait there leaves the vCPU slow for
+    the next tens of microseconds, measured): each step queues its sleep
+    behind whatever is still queued, so a side that does not sync runs
+    ahead of a growing queue, and one that syncs waits for it inside its
+    step. The order of the sides is reversed
     every other round; the first round is thrown away. By default each side
     runs its steps back to back (a block) in turn; with `per_step` the sides
     alternate step by step (the side that goes first rotating), so every
@@ -177,9 +182,10 @@ def host_rounds(
         try:
             for name, i in schedule:
                 dev, host = batches[name][i]
-                torch.cuda.synchronize()
                 if queued_cycles:
                     torch.cuda._sleep(queued_cycles)
+                else:
+                    torch.cuda.synchronize()
                 start = time.perf_counter()
                 paths[name](dev, host)
                 samples[name].append(time.perf_counter() - start)
