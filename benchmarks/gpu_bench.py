@@ -17,8 +17,10 @@ min-max, and the rounds the patched side won. What one round's value is:
                 path left: "after each path");
   kernel time   the median of STEPS_PER_ROUND CUDA-graph replays of 50 calls;
   step model    the median of MODEL_STEPS per-step intervals on the GPU's
-                timeline (an event recorded as each step starts), sides
-                taking turns by round (interleaved()).
+                timeline (an event recorded as each step starts), in two
+                arrangements: each side's steps back to back, sides taking
+                turns by round (interleaved()), and the sides alternating
+                step by step within each round (model_rounds_alternating()).
 The process's main thread is pinned to one CPU (kda_harness.pin_to_quiet_cpu),
 re-picked before every round (repin_to_quiet_cpu: the vCPUs' speeds drift),
 and Python's garbage collector is off while a round is timed.
@@ -314,21 +316,22 @@ MODEL_BATCHES = {
 }
 
 
-def model_round(seq_lens, patched, inputs, wait_cycles, steps=MODEL_STEPS):
-    """One round of the step model: the median, over `steps` steps, of one
-    step's interval on the GPU's timeline (from the event recorded as the
-    host starts issuing it to the next step's), in ms. The host prepares
-    step n+1 while the GPU runs step n, so an interval holds the step's GPU
-    work and any time the GPU waited for the host. 0.27.1: the builder's CPU
-    metadata plus async copy (unused by the Kimi layer), then the layer's
-    own device rebuild with .tolist() in the first KDA layer; patched: the
-    series' device build handed to every KDA layer. Inputs are reused
-    (chunk KDA overwrites v: values drift, timing does not). The round's
-    mean (wall time over steps) is kept too, in MEANS."""
-    batches = [cu_seqlens(seq_lens) for _ in range(steps)]
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+def model_steps(seq_lens, sides, inputs, wait_cycles) -> tuple[list, float]:
+    """Run one pipelined step per entry of `sides` (True: patched), back to
+    back, and return each step's interval on the GPU's timeline (from the
+    event recorded as the host starts issuing it to the next step's), in
+    ms, and the wall time per step. The host prepares step n+1 while the GPU
+    runs step n, so an interval holds the step's GPU work and any time the
+    GPU waited for the host to issue it. 0.27.1: the builder's CPU metadata
+    plus async copy (unused by the Kimi layer), then the layer's own device
+    rebuild with .tolist() in the first KDA layer, whose wait for the queue
+    leaves the GPU idle inside that step; patched: the series' device build
+    handed to every KDA layer. Inputs are reused (chunk KDA overwrites v:
+    values drift, timing does not)."""
+    batches = [cu_seqlens(seq_lens) for _ in sides]
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(len(sides) + 1)]
 
-    def step(dev, host):
+    def step(patched, dev, host):
         if patched:
             indices, offsets = ours(dev, host)
             metadata = {"chunk_indices": indices, "chunk_offsets": offsets}
@@ -345,17 +348,47 @@ def model_round(seq_lens, patched, inputs, wait_cycles, steps=MODEL_STEPS):
     gc.disable()
     try:
         start = time.perf_counter()
-        for event, (dev, host) in zip(events, batches, strict=False):
+        for event, patched, (dev, host) in zip(events, sides, batches, strict=False):
             event.record()
-            step(dev, host)
+            step(patched, dev, host)
         events[-1].record()
         torch.cuda.synchronize()
-        MEANS[patched].append((time.perf_counter() - start) / steps * 1e3)
+        wall_ms = (time.perf_counter() - start) / len(sides) * 1e3
     finally:
         gc.enable()
-    return statistics.median(
-        events[i].elapsed_time(events[i + 1]) for i in range(steps)
-    )
+    return [events[i].elapsed_time(events[i + 1]) for i in range(len(sides))], wall_ms
+
+
+def model_round(seq_lens, patched, inputs, wait_cycles, steps=MODEL_STEPS):
+    """One round of the step model, one side's `steps` steps back to back
+    (as a serving engine runs steps of one kind): the median of their
+    intervals. The round's mean (wall time over steps) is kept in MEANS."""
+    intervals, wall_ms = model_steps(seq_lens, [patched] * steps, inputs, wait_cycles)
+    MEANS[patched].append(wall_ms)
+    return statistics.median(intervals)
+
+
+def model_rounds_alternating(seq_lens, inputs, wait_cycles, steps=MODEL_STEPS):
+    """The step model with the sides alternating step by step (each side
+    `steps` steps a round, the side that starts swapping every round, the
+    first round thrown away): a slow period of the host then falls on both
+    sides alike instead of on whichever side's block it hits. A round's
+    value per side is the median of that side's intervals."""
+    values = {"0.27.1": [], "patched": []}
+    for r in range(ROUNDS + 1):
+        repin_to_quiet_cpu()
+        first = bool(r % 2)
+        sides = [first, not first] * steps
+        intervals, _ = model_steps(seq_lens, sides, inputs, wait_cycles)
+        if r:
+            for name, patched in (("0.27.1", False), ("patched", True)):
+                mine = [
+                    t
+                    for t, side in zip(intervals, sides, strict=True)
+                    if side == patched
+                ]
+                values[name].append(statistics.median(mine))
+    return values
 
 
 MEANS: dict[bool, list[float]] = {False: [], True: []}
@@ -436,6 +469,7 @@ def main():
         "other_gpu_ms_per_step": OTHER_GPU_MS,
         "wait_per_layer_ms": queued_ms(wait_cycles),
         "ms_per_step": {},
+        "ms_per_step_alternating": {},
     }
     report["step_model"]["round_value"] = (
         "median over the round's steps of one step's interval on the GPU "
@@ -460,6 +494,11 @@ def main():
         # interleaved() runs a discarded warm-up round first.
         for side, patched in (("0.27.1", False), ("patched", True)):
             row[side]["mean_ms_per_step_rounds"] = MEANS[patched][1:]
+        report["step_model"]["ms_per_step_alternating"][name] = summarize(
+            model_rounds_alternating(seq_lens, inputs, wait_cycles),
+            "patched",
+            ["0.27.1"],
+        )
         print(name, flush=True)
     report["cpu_steal_ticks_during_run"] = cpu_steal_ticks() - steal_before
     report["repins"] = {
@@ -501,17 +540,18 @@ def print_tables(report):
         )
     for name, row in report["blocked_behind_5ms_us"].items():
         print("blocked", name, cell(row["legacy"]), cell(row["ours"]), sep=" | ")
-    for name, row in report["step_model"]["ms_per_step"].items():
-        before, after = row["0.27.1"]["median"], row["patched"]["median"]
-        print(
-            "model",
-            name,
-            cell(row["0.27.1"]),
-            cell(row["patched"]),
-            f"{(before - after) / before:.1%}",
-            row["patched"]["rounds won vs 0.27.1"],
-            sep=" | ",
-        )
+    for view in ("ms_per_step", "ms_per_step_alternating"):
+        for name, row in report["step_model"][view].items():
+            before, after = row["0.27.1"]["median"], row["patched"]["median"]
+            print(
+                f"model {view}",
+                name,
+                cell(row["0.27.1"]),
+                cell(row["patched"]),
+                f"{(before - after) / before:.1%}",
+                row["patched"]["rounds won vs 0.27.1"],
+                sep=" | ",
+            )
 
 
 if __name__ == "__main__":
