@@ -36,7 +36,9 @@ EXIT_VLLM, EXIT_SMOKE = 3, 4
 LOST_NODE0_SECONDS = 15
 
 
-def _log(message: str) -> None:
+def log(message: str) -> None:
+    """One line on stderr, prefixed as every message of the supervisor tree
+    (the guard and the supervisor main process) is."""
     print(f"k3rocm.supervise: {message}", file=sys.stderr, flush=True)
 
 
@@ -97,7 +99,7 @@ class Guard:
                     f"vLLM died {deaths} times; K3_VLLM_MAX_RESTARTS="
                     f"{self.max_restarts} restarts allowed"
                 )
-            _log(
+            log(
                 f"vLLM exited unasked; restart {deaths} of {self.max_restarts} "
                 "(K3_VLLM_MAX_RESTARTS)"
             )
@@ -171,7 +173,7 @@ def listen() -> int:
             tmp = reason_file.with_name(REASON_FILE + ".tmp")
             tmp.write_text(json.dumps({"exit_code": code, "reason": reason}) + "\n")
             os.replace(tmp, reason_file)
-            _log(f"stopping the container: {reason}")
+            log(f"stopping the container: {reason}")
             # Our parent is supervisord: SIGTERM makes it stop every program
             # (vLLM gracefully) and exit; `run` then exits with `code`.
             os.kill(os.getppid(), signal.SIGTERM)

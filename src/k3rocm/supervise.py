@@ -45,7 +45,7 @@ from k3rocm.contract import (
     run_dir,
 )
 from k3rocm.drain import wait_drained, write_drain_mark
-from k3rocm.guard import EXIT_SMOKE, EXIT_VLLM, listen
+from k3rocm.guard import EXIT_SMOKE, EXIT_VLLM, listen, log
 from k3rocm.setting_table import (
     RUN_DIR,
     SMOKE_STAGE1_TIMEOUT,
@@ -84,10 +84,6 @@ _STALE = (
 )
 
 
-def _log(message: str) -> None:
-    print(f"k3rocm.supervise: {message}", file=sys.stderr, flush=True)
-
-
 def _previous_smoke_failure(directory: Path) -> str | None:
     """The reason of a previous start of this container that failed the smoke
     test; Docker's restart policy must not buy a second multi-hour load."""
@@ -110,7 +106,7 @@ def run() -> int:
         base_url = api_base_url(os.environ)
         status_settings(os.environ)
     except (InvalidGrace, BadAddress, ValueError) as err:
-        _log(f"cannot start: {err}")
+        log(f"cannot start: {err}")
         return EXIT_USAGE
     os.environ[STOPWAIT_ENV] = str(budget.stopwait_seconds)
     directory = run_dir()
@@ -118,7 +114,7 @@ def run() -> int:
     directory.mkdir(parents=True, exist_ok=True)
     failed = _previous_smoke_failure(directory)
     if failed is not None:
-        _log(
+        log(
             f"not starting again: a previous start of this container failed "
             f"({failed}); "
             "fix the cause, then recreate the container (docker compose up "
@@ -149,7 +145,7 @@ def run() -> int:
     while supervisord.poll() is None and not signals:
         time.sleep(0.2)
     if signals and supervisord.poll() is None:
-        _log(f"stop requested (signal {signals[0]}); draining first")
+        log(f"stop requested (signal {signals[0]}); draining first")
         stop_gracefully(supervisord, directory, budget, base_url, signals)
     status = supervisord.wait()
     return _exit_code(directory, status)
@@ -168,7 +164,7 @@ def stop_gracefully(
         f"{base_url}/metrics",
         deadline,
         interrupted=lambda: len(signals) > 1 or supervisord.poll() is not None,
-        log=_log,
+        log=log,
     )
     if supervisord.poll() is None:
         supervisord.send_signal(signal.SIGTERM)
@@ -182,16 +178,16 @@ def _exit_code(directory: Path, status: int) -> int:
     except FileNotFoundError:
         pass
     except (OSError, ValueError, TypeError, KeyError) as err:
-        _log(f"unreadable stop reason {reason_file} ({err}); exiting with {EXIT_VLLM}")
+        log(f"unreadable stop reason {reason_file} ({err}); exiting with {EXIT_VLLM}")
         return EXIT_VLLM
     else:
-        _log(f"container stopped: {why} (exit {code})")
+        log(f"container stopped: {why} (exit {code})")
         return code
     if status < 0:
-        _log(f"supervisord was killed by signal {-status}; exiting with {128 - status}")
+        log(f"supervisord was killed by signal {-status}; exiting with {128 - status}")
         return 128 - status
     if status != 0:
-        _log(f"supervisord exited with status {status}")
+        log(f"supervisord exited with status {status}")
     return status
 
 
@@ -203,7 +199,7 @@ def serve() -> int:
     deadline = time.monotonic() + timeout
     while not gate.is_file():
         if time.monotonic() > deadline:
-            _log(f"smoke stage 1 did not open {gate} within {timeout:.0f} s")
+            log(f"smoke stage 1 did not open {gate} within {timeout:.0f} s")
             return 1
         time.sleep(0.5)
     reap_previous_vllm(run_dir() / VLLM_GROUP_FILE)
@@ -218,7 +214,7 @@ def reap_previous_vllm(group_file: Path) -> None:
     if group_file.is_file():
         group = int(group_file.read_text())
         if kill_group(group, timeout=30):
-            _log(f"killed what was left of the previous vLLM (process group {group})")
+            log(f"killed what was left of the previous vLLM (process group {group})")
     group_file.write_text(f"{os.getpgrp()}\n")
 
 
@@ -236,7 +232,7 @@ def kill_group(group: int, timeout: float) -> bool:
         except ProcessLookupError:
             return True
         time.sleep(0.2)
-    _log(f"process group {group} outlived SIGKILL for {timeout:.0f} s")
+    log(f"process group {group} outlived SIGKILL for {timeout:.0f} s")
     return True
 
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from k3rocm.launcher.settings import LaunchSettings, label, shown
+from k3rocm.node import master_addresses
 
 # Variables that pick this node's address or interface for vLLM, RCCL/NCCL
 # and Gloo (set by compose.multinode.yaml from the node's .env).
@@ -33,14 +34,6 @@ def check_node_addresses(
             _check_interfaces(name, value, problems)
 
 
-def _resolved(host: str) -> set[str]:
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError):
-        return set()
-    return {str(info[4][0]).split("%")[0] for info in infos}
-
-
 def _unreachable_from_elsewhere(address: str) -> bool:
     ip = ipaddress.ip_address(address)
     return ip.is_loopback or ip.is_unspecified
@@ -58,7 +51,7 @@ def is_local_address(address: str) -> bool:
 
 
 def _check_master(master: str, rank: int, problems: list[str]) -> None:
-    addresses = _resolved(master)
+    addresses = [str(address) for address in master_addresses(master)]
     if not addresses:
         problems.append(
             f"{label('master_addr')} is {shown(master)}, which does not resolve to "
