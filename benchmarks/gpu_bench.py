@@ -20,7 +20,9 @@ min-max, and the rounds the patched side won. What one round's value is:
                 timeline (an event recorded as each step starts), in two
                 arrangements: each side's steps back to back, sides taking
                 turns by round (interleaved()), and the sides alternating
-                step by step within each round (model_rounds_alternating()).
+                step by step within each round (model_rounds_alternating()),
+                which also gives each round the paired statistic: the median
+                over adjacent pairs of (0.27.1 step - patched step).
 The process's main thread is pinned to one CPU (kda_harness.pin_to_quiet_cpu),
 re-picked before every round (repin_to_quiet_cpu: the vCPUs' speeds drift),
 and Python's garbage collector is off while a round is timed.
@@ -316,33 +318,38 @@ MODEL_BATCHES = {
 }
 
 
-def model_steps(seq_lens, sides, inputs, wait_cycles) -> tuple[list, float]:
+def model_step(patched, dev, host, inputs, wait_cycles, layer_host_us=None):
+    """Issue one step of the model. 0.27.1: the builder's CPU metadata plus
+    async copy (unused by the Kimi layer), then the layer's own device
+    rebuild with .tolist() in the first KDA layer; patched: the series'
+    device build handed to every KDA layer. With `layer_host_us` (a list),
+    the host time of each KDA call after the first is appended to it."""
+    if patched:
+        indices, offsets = ours(dev, host)
+        metadata = {"chunk_indices": indices, "chunk_offsets": offsets}
+    else:
+        host_0271(dev, host)
+        metadata = {}
+    for layer in range(LAYERS):
+        if layer % 4 != 3:
+            start = time.perf_counter()
+            kda_ops.chunk_kda_with_fused_gate(**inputs, cu_seqlens=dev, **metadata)
+            if layer_host_us is not None and layer:
+                layer_host_us.append((time.perf_counter() - start) * 1e6)
+        torch.cuda._sleep(wait_cycles)
+
+
+def model_steps(seq_lens, sides, inputs, wait_cycles) -> dict:
     """Run one pipelined step per entry of `sides` (True: patched), back to
-    back, and return each step's interval on the GPU's timeline (from the
+    back. Returns each step's interval on the GPU's timeline (from the
     event recorded as the host starts issuing it to the next step's), in
-    ms, and the wall time per step. The host prepares step n+1 while the GPU
-    runs step n, so an interval holds the step's GPU work and any time the
-    GPU waited for the host to issue it. 0.27.1: the builder's CPU metadata
-    plus async copy (unused by the Kimi layer), then the layer's own device
-    rebuild with .tolist() in the first KDA layer, whose wait for the queue
-    leaves the GPU idle inside that step; patched: the series' device build
-    handed to every KDA layer. Inputs are reused (chunk KDA overwrites v:
-    values drift, timing does not)."""
+    ms, and the wall time per step. The host prepares step n+1 while the
+    GPU runs step n, so an interval holds the step's GPU work and any time
+    the GPU waited for the host to issue it; the 0.27.1 step's .tolist()
+    waits for the queue, which leaves the GPU idle inside that step. Inputs
+    are reused (chunk KDA overwrites v: values drift, timing does not)."""
     batches = [cu_seqlens(seq_lens) for _ in sides]
     events = [torch.cuda.Event(enable_timing=True) for _ in range(len(sides) + 1)]
-
-    def step(patched, dev, host):
-        if patched:
-            indices, offsets = ours(dev, host)
-            metadata = {"chunk_indices": indices, "chunk_offsets": offsets}
-        else:
-            host_0271(dev, host)
-            metadata = {}
-        for layer in range(LAYERS):
-            if layer % 4 != 3:
-                kda_ops.chunk_kda_with_fused_gate(**inputs, cu_seqlens=dev, **metadata)
-            torch.cuda._sleep(wait_cycles)
-
     torch.cuda.synchronize()
     gc.collect()
     gc.disable()
@@ -350,45 +357,103 @@ def model_steps(seq_lens, sides, inputs, wait_cycles) -> tuple[list, float]:
         start = time.perf_counter()
         for event, patched, (dev, host) in zip(events, sides, batches, strict=False):
             event.record()
-            step(patched, dev, host)
+            model_step(patched, dev, host, inputs, wait_cycles)
         events[-1].record()
         torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - start) / len(sides) * 1e3
     finally:
         gc.enable()
-    return [events[i].elapsed_time(events[i + 1]) for i in range(len(sides))], wall_ms
+    return {
+        "gpu_ms": [events[i].elapsed_time(events[i + 1]) for i in range(len(sides))],
+        "wall_ms": wall_ms,
+    }
 
 
 def model_round(seq_lens, patched, inputs, wait_cycles, steps=MODEL_STEPS):
     """One round of the step model, one side's `steps` steps back to back
     (as a serving engine runs steps of one kind): the median of their
     intervals. The round's mean (wall time over steps) is kept in MEANS."""
-    intervals, wall_ms = model_steps(seq_lens, [patched] * steps, inputs, wait_cycles)
-    MEANS[patched].append(wall_ms)
-    return statistics.median(intervals)
+    run = model_steps(seq_lens, [patched] * steps, inputs, wait_cycles)
+    MEANS[patched].append(run["wall_ms"])
+    return statistics.median(run["gpu_ms"])
 
 
-def model_rounds_alternating(seq_lens, inputs, wait_cycles, steps=MODEL_STEPS):
+def model_rounds_alternating(
+    seq_lens, inputs, wait_cycles, gpu_work_ms, steps=MODEL_STEPS
+):
     """The step model with the sides alternating step by step (each side
     `steps` steps a round, the side that starts swapping every round, the
     first round thrown away): a slow period of the host then falls on both
-    sides alike instead of on whichever side's block it hits. A round's
-    value per side is the median of that side's intervals."""
+    sides alike instead of on whichever side's block it hits. Per round:
+    each side's median interval; the paired statistic, the median over the
+    round's adjacent pairs of (0.27.1 interval - patched interval), which a
+    slow period covering part of the round cannot tip the way it can tip two
+    separate medians; and the share of each side's steps whose interval
+    exceeded the step's GPU work (`gpu_work_ms`) by more than 5%, i.e. in
+    which the GPU waited for the host."""
     values = {"0.27.1": [], "patched": []}
+    paired, gpu_waited = [], {"0.27.1": [], "patched": []}
     for r in range(ROUNDS + 1):
         repin_to_quiet_cpu()
         first = bool(r % 2)
         sides = [first, not first] * steps
-        intervals, _ = model_steps(seq_lens, sides, inputs, wait_cycles)
-        if r:
-            for name, patched in (("0.27.1", False), ("patched", True)):
-                mine = [
-                    t
-                    for t, side in zip(intervals, sides, strict=True)
-                    if side == patched
-                ]
-                values[name].append(statistics.median(mine))
-    return values
+        intervals = model_steps(seq_lens, sides, inputs, wait_cycles)["gpu_ms"]
+        if not r:
+            continue
+        by_side = {True: [], False: []}
+        for interval, patched in zip(intervals, sides, strict=True):
+            by_side[patched].append(interval)
+        for name, patched in (("0.27.1", False), ("patched", True)):
+            values[name].append(statistics.median(by_side[patched]))
+            waited = sum(t > 1.05 * gpu_work_ms for t in by_side[patched])
+            gpu_waited[name].append(waited / steps)
+        paired.append(
+            statistics.median(
+                old - new
+                for old, new in zip(by_side[False], by_side[True], strict=True)
+            )
+        )
+    return values, {
+        "what": "per round, the median over adjacent step pairs of (0.27.1 "
+        "interval - patched interval), ms; positive: patched faster",
+        "median": statistics.median(paired),
+        "min": min(paired),
+        "max": max(paired),
+        "rounds": paired,
+        "rounds won by patched": f"{sum(d > 0 for d in paired)}/{len(paired)}",
+        "share of steps the GPU waited for the host": gpu_waited,
+    }
+
+
+def model_step_costs(seq_lens, inputs, wait_cycles, reps=5) -> dict:
+    """What one patched step costs each processor when neither waits for the
+    other: the step issued behind 200 ms of queued GPU work (so the host
+    never waits), its GPU interval (its GPU work) and its host issue time,
+    and the host time of one vendored KDA call (the median over the step's
+    KDA layers after the first, over `reps` steps)."""
+    queued = sleep_cycles_for(200.0)
+    dev, host = cu_seqlens(seq_lens)
+    gpu_ms, host_ms, layer_host_us = [], [], []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(queued)
+        start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+        gc.disable()
+        try:
+            issue = time.perf_counter()
+            start.record()
+            model_step(True, dev, host, inputs, wait_cycles, layer_host_us)
+            end.record()
+            host_ms.append((time.perf_counter() - issue) * 1e3)
+        finally:
+            gc.enable()
+        end.synchronize()
+        gpu_ms.append(start.elapsed_time(end))
+    return {
+        "gpu_work_ms_per_step": statistics.median(gpu_ms),
+        "host_issue_ms_per_step": statistics.median(host_ms),
+        "host_us_per_kda_call": statistics.median(layer_host_us),
+    }
 
 
 MEANS: dict[bool, list[float]] = {False: [], True: []}
@@ -470,6 +535,7 @@ def main():
         "wait_per_layer_ms": queued_ms(wait_cycles),
         "ms_per_step": {},
         "ms_per_step_alternating": {},
+        "patched_step_costs": {},
     }
     report["step_model"]["round_value"] = (
         "median over the round's steps of one step's interval on the GPU "
@@ -494,11 +560,14 @@ def main():
         # interleaved() runs a discarded warm-up round first.
         for side, patched in (("0.27.1", False), ("patched", True)):
             row[side]["mean_ms_per_step_rounds"] = MEANS[patched][1:]
-        report["step_model"]["ms_per_step_alternating"][name] = summarize(
-            model_rounds_alternating(seq_lens, inputs, wait_cycles),
-            "patched",
-            ["0.27.1"],
+        costs = model_step_costs(seq_lens, inputs, wait_cycles)
+        report["step_model"]["patched_step_costs"][name] = costs
+        values, paired = model_rounds_alternating(
+            seq_lens, inputs, wait_cycles, costs["gpu_work_ms_per_step"]
         )
+        row = summarize(values, "patched", ["0.27.1"])
+        row["paired"] = paired
+        report["step_model"]["ms_per_step_alternating"][name] = row
         print(name, flush=True)
     report["cpu_steal_ticks_during_run"] = cpu_steal_ticks() - steal_before
     report["repins"] = {
@@ -552,6 +621,16 @@ def print_tables(report):
                 row["patched"]["rounds won vs 0.27.1"],
                 sep=" | ",
             )
+    for name, row in report["step_model"]["ms_per_step_alternating"].items():
+        paired = row["paired"]
+        print(
+            "model paired (0.27.1 - patched, ms)",
+            name,
+            cell(paired),
+            paired["rounds won by patched"],
+            json.dumps(report["step_model"]["patched_step_costs"][name]),
+            sep=" | ",
+        )
 
 
 if __name__ == "__main__":
