@@ -48,6 +48,10 @@ install() {
     -r "$here/requirements.txt"
   # Our own wheel, built by the `wheel` step from this checkout.
   "$python" -m pip install --no-deps --no-index "${K3_DIST:?}"/k3rocm-*.whl
+  # py-spy reads vLLM's processes on a stall; where Yama restricts ptrace
+  # (Ubuntu hosts) that takes CAP_SYS_PTRACE, which a non-root user only gets
+  # from a file capability (and the container's cap_add: SYS_PTRACE).
+  "$python" -m k3rocm.forensics grant-ptrace
 }
 
 patch() {

@@ -104,6 +104,14 @@ EXIT_REASON_FILE = RunFile(
     "until the next start, which refuses to load again when it records a "
     "failed smoke test",
 )
+STALL_FILE = RunFile(
+    "stalled",
+    "k3rocm.watchdog",
+    "k3rocm.health; k3rocm.watchdog",
+    "The engine stalled: since when, and how many requests were pending "
+    "(JSON); the container is capturing stacks and about to exit 5.",
+    "from the stall to the container's exit",
+)
 VLLM_DEATHS_FILE = RunFile(
     "vllm-deaths",
     "k3rocm.supervise listen (the guard)",
@@ -114,8 +122,9 @@ VLLM_DEATHS_FILE = RunFile(
 VLLM_PGID_FILE = RunFile(
     "vllm.pgid",
     "k3rocm.supervise serve",
-    "k3rocm.supervise serve",
-    "The running vLLM's process group; the next vLLM start kills what is left of it.",
+    "k3rocm.supervise serve; k3rocm.watchdog; k3rocm.supervise listen (stacks)",
+    "The running vLLM's process group; the next vLLM start kills what is left "
+    "of it, a stall's stack capture dumps every process in it.",
     "replaced by each vLLM start",
 )
 RUN_FILES = (
@@ -124,6 +133,7 @@ RUN_FILES = (
     SMOKE_REPORT_FILE,
     DRAIN_FILE,
     EXIT_REASON_FILE,
+    STALL_FILE,
     VLLM_DEATHS_FILE,
     VLLM_PGID_FILE,
 )
@@ -133,6 +143,7 @@ READY_MARK = READY_FILE.name
 SMOKE_REPORT_NAME = SMOKE_REPORT_FILE.name
 DRAIN_MARK = DRAIN_FILE.name
 REASON_FILE = EXIT_REASON_FILE.name
+STALL_MARK = STALL_FILE.name
 DEATHS_FILE = VLLM_DEATHS_FILE.name
 VLLM_GROUP_FILE = VLLM_PGID_FILE.name
 

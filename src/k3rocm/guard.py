@@ -7,7 +7,8 @@ kept running (fatal at start; more than ``K3_VLLM_MAX_RESTARTS`` deaths;
 any death on a node of a multi-node job, which cannot rejoin alone; or, on
 a headless node, node 0 gone for ``LOST_NODE0_SECONDS``, which vLLM there
 would wait for forever); 4 the smoke test failed under
-``K3_SMOKE_ON_FAILURE=stop``.
+``K3_SMOKE_ON_FAILURE=stop``; 5 the engine stalled (k3rocm.watchdog, which
+stops the container through ``stop_container`` too).
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ from k3rocm.contract import (
     DRAIN_MARK,
     READY_MARK,
     REASON_FILE,
+    VLLM_GROUP_FILE,
     run_dir,
     smoke_report_path,
 )
+from k3rocm.forensics import capture, forensics_dir
 from k3rocm.node import Node, connected_to, node_from_env
 from k3rocm.setting_table import VLLM_MAX_RESTARTS
 
-EXIT_VLLM, EXIT_SMOKE = 3, 4
+EXIT_VLLM, EXIT_SMOKE, EXIT_STALL = 3, 4, 5
 # A headless node whose connection to node 0 stays gone this long after it
 # joined has lost the job: its vLLM would wait for node 0 forever.
 LOST_NODE0_SECONDS = 15
@@ -144,6 +147,30 @@ class Guard:
         )
 
 
+def stop_container(directory: Path, code: int, reason: str) -> None:
+    """Record the first stop reason and stop supervisord, our parent: it
+    stops every program and exits; ``supervise run`` then exits with
+    ``code``. A later reason changes nothing."""
+    reason_file = directory / REASON_FILE
+    if reason_file.exists():
+        return
+    tmp = reason_file.with_name(f"{REASON_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"exit_code": code, "reason": reason}) + "\n")
+    os.replace(tmp, reason_file)
+    log(f"stopping the container: {reason}")
+    os.kill(os.getppid(), signal.SIGTERM)
+
+
+def capture_before_stopping(directory: Path, reason: str) -> None:
+    """A headless node that lost node 0 dumps its own vLLM's stacks first:
+    where node 0 stalled on this node, they show where."""
+    try:
+        group = int((directory / VLLM_GROUP_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    capture(reason, group, forensics_dir(os.environ), log)
+
+
 def listen() -> int:
     from supervisor import childutils
 
@@ -155,7 +182,6 @@ def listen() -> int:
     guard = Guard(
         int(VLLM_MAX_RESTARTS.text(os.environ)), directory / DEATHS_FILE, node
     )
-    reason_file = directory / REASON_FILE
     while True:
         headers, payload = childutils.listener.wait(sys.stdin, sys.stdout)
         body = childutils.get_headers(payload.split("\n", 1)[0])
@@ -168,13 +194,9 @@ def listen() -> int:
                 body.get("expected") == "1",
                 body.get("from_state", "RUNNING"),
             )
-        if verdict and not reason_file.exists():
+        if verdict and not (directory / REASON_FILE).exists():
             code, reason = verdict
-            tmp = reason_file.with_name(REASON_FILE + ".tmp")
-            tmp.write_text(json.dumps({"exit_code": code, "reason": reason}) + "\n")
-            os.replace(tmp, reason_file)
-            log(f"stopping the container: {reason}")
-            # Our parent is supervisord: SIGTERM makes it stop every program
-            # (vLLM gracefully) and exit; `run` then exits with `code`.
-            os.kill(os.getppid(), signal.SIGTERM)
+            if headers["eventname"].startswith("TICK_"):
+                capture_before_stopping(directory, reason)
+            stop_container(directory, code, reason)
         childutils.listener.ok(sys.stdout)

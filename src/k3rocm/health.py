@@ -1,7 +1,8 @@
 """The container's health check: healthy only when vLLM answers ``/health``,
-the smoke test has written its ready mark, and no drain for a stop is under
-way. A headless node (no API server) is healthy when its ready mark is there
-and vLLM on it still runs connected to node 0 (k3rocm.node).
+the smoke test has written its ready mark, no drain for a stop is under way
+and the stall watchdog has not found the engine stalled (k3rocm.watchdog).
+A headless node (no API server) is healthy when its ready mark is there and
+vLLM on it still runs connected to node 0 (k3rocm.node).
 
     python -m k3rocm.health     exit 0 healthy, 1 not (one line says why)
 """
@@ -21,6 +22,7 @@ from k3rocm.contract import (
     api_base_url,
     run_dir,
 )
+from k3rocm.engine_progress import read_stall_mark
 from k3rocm.node import Node, connected_to, headless_node, vllm_group_alive
 
 
@@ -55,6 +57,9 @@ def check_headless(directory: Path, node: Node) -> tuple[bool, str]:
 
 
 def _not_ready(directory: Path) -> str | None:
+    stalled = read_stall_mark(directory)
+    if stalled is not None:
+        return stalled
     if (directory / DRAIN_MARK).exists():
         return "not ready: draining for a stop, new requests are refused"
     ready = directory / READY_MARK

@@ -16,6 +16,14 @@ kind)
     Steps by the same labels plus ``kind="dummy"``: the padding steps an idle
     data-parallel engine runs, which say nothing about latency and so stay
     out of the histogram.
+``k3rocm_engine_last_step_timestamp_seconds`` (gauge; labels model_name,
+engine)
+    Unix time at which this API server last heard of a step of that engine
+    (dummy steps included: they prove the engine loop turns).
+``k3rocm_engine_requests`` (gauge; labels model_name, engine, state)
+    Requests the engine's scheduler held at its last step: ``running`` or
+    ``waiting``. With the timestamp, this is what the stall watchdog
+    (k3rocm.watchdog) judges progress by.
 ``k3rocm_build_info``
     Always 1, labelled with what the server runs (k3rocm.build_info).
 ``k3rocm_smoke_verdict``
@@ -39,10 +47,11 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import (
@@ -54,6 +63,7 @@ from vllm.v1.metrics.stats import (
 
 from k3rocm.build_info import install_build_info
 from k3rocm.contract import smoke_report_path
+from k3rocm.engine_progress import ENGINE_REQUESTS_METRIC, LAST_STEP_METRIC
 from k3rocm.smoke_verdict import install_smoke_verdict
 from k3rocm.states import StepKind
 
@@ -65,6 +75,7 @@ STEP_DURATION_BUCKETS = (
     15.0, 20.0, 30.0, 60.0,
 )  # fmt: skip
 STEP_LABELS = ("model_name", "engine", "kind")
+ENGINE_LABELS = ("model_name", "engine")
 
 
 def step_kind(details: SchedulerIterationDetails) -> StepKind:
@@ -104,6 +115,22 @@ class StepMetrics:
             STEP_LABELS,
             registry=registry,
         )
+        # In multiprocess mode every API server process hears of the engine's
+        # steps: the newest time and the newest counts are the engine's.
+        self.last_step = Gauge(
+            LAST_STEP_METRIC,
+            "Unix time of the engine's last step as this server heard of it.",
+            ENGINE_LABELS,
+            registry=registry,
+            multiprocess_mode="max",
+        )
+        self.requests = Gauge(
+            ENGINE_REQUESTS_METRIC,
+            "Requests the engine's scheduler held at its last step, by state.",
+            (*ENGINE_LABELS, "state"),
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        )
 
     def for_engine(self, model_name: str, engine: int) -> EngineSteps:
         return EngineSteps(self, model_name, str(engine))
@@ -129,6 +156,16 @@ class EngineSteps:
         self.metrics = metrics
         self.labels = (model_name, engine)
         self._by_kind: dict[str, _KindSeries] = {}
+        self._last_step = metrics.last_step.labels(*self.labels)
+        self._running = metrics.requests.labels(*self.labels, "running")
+        self._waiting = metrics.requests.labels(*self.labels, "waiting")
+
+    def progress(self, stats: SchedulerStats) -> None:
+        """The engine stepped (any step, dummy ones included) and reported
+        what its scheduler holds."""
+        self._running.set(stats.num_running_reqs)
+        self._waiting.set(stats.num_waiting_reqs)
+        self._last_step.set(time.time())
 
     def _series(self, kind: str) -> _KindSeries:
         series = self._by_kind.get(kind)
@@ -202,7 +239,10 @@ class StepLatencyLogger(StatLoggerBase):
         mm_cache_stats: MultiModalCacheStats | None = None,
         engine_idx: int = 0,
     ):
-        details = scheduler_stats and scheduler_stats.iteration_details
+        if scheduler_stats is None:
+            return
+        self.engine_steps.progress(scheduler_stats)
+        details = scheduler_stats.iteration_details
         if details is not None:
             self.engine_steps.observe(details)
 

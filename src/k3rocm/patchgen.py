@@ -2,7 +2,8 @@
 
 Patch 0002 adds two whole modules to vLLM: the device chunk-metadata
 kernel (``kda_metadata_kernel.py``) and its launcher, builder and backend
-(``kda_metadata.py``). Their code lives in this repository as real, linted
+(``kda_metadata.py``); patch 0005 adds the chunk KDA forward's precompiled
+launches (``kda_chunk_launch.py``). Their code lives in this repository as real, linted
 source files under ``src/k3rocm/kernels/``, and the patch is written from
 them, so the two cannot drift apart unnoticed (``--check``; a test runs it)::
 
@@ -69,6 +70,15 @@ GENERATED = (
                 target=f"vllm/models/kimi_k3/amd/{name}",
             )
             for name in ("kda_metadata_kernel.py", "kda_metadata.py")
+        ),
+    ),
+    GeneratedPatch(
+        patch="0005-amd-kda-chunk-launch-module.patch",
+        files=(
+            GeneratedFile(
+                source="src/k3rocm/kernels/kda_chunk_launch.py",
+                target="vllm/models/kimi_k3/amd/ops/third_party/kda/kda_chunk_launch.py",
+            ),
         ),
     ),
 )

@@ -240,6 +240,27 @@ LOAD_ALERT_SECONDS = Setting(
     CONTAINER,
 )
 
+STALL_SECONDS = Setting(
+    "stall_seconds",
+    "K3_STALL_SECONDS",
+    # Far above any step that ends (tens of ms to a few seconds), above the
+    # slowest legitimate one known (a cold AITER module build on the first
+    # request of a new shape, ~225 s on gfx950), as sglang's 300 s watchdog.
+    300,
+    "Seconds without an engine step while requests are pending after which "
+    "the engine counts as stalled: stacks are captured, the container exits "
+    '5 (README, "When the engine stalls").',
+    CONTAINER,
+)
+FORENSICS_DIR = Setting(
+    "forensics_dir",
+    "K3_FORENSICS_DIR",
+    Path("/home/k3/.cache/k3rocm/forensics"),
+    "Where stall stack dumps are kept (on the cache volume, so they outlive "
+    "the container).",
+    CONTAINER,
+)
+
 RUN_DIR = Setting(
     "run_dir",
     "K3_RUN_DIR",

@@ -17,7 +17,8 @@ could not be kept running (fatal at start, or more than
 ``K3_VLLM_MAX_RESTARTS`` deaths); 4 the smoke test failed under
 ``K3_SMOKE_ON_FAILURE=stop`` (a restart of the same container exits 4 again
 at once instead of loading the model again: recreate the container to
-retry); 128+N supervisord was killed by signal N; otherwise supervisord's own.
+retry); 5 the engine stalled (k3rocm.watchdog; a restart loads again);
+128+N supervisord was killed by signal N; otherwise supervisord's own.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from k3rocm.contract import (
     READY_MARK,
     REASON_FILE,
     SMOKE_REPORT_ENV,
+    STALL_MARK,
     SMOKE_REPORT_NAME,
     STAGE1_GATE,
     VLLM_GROUP_FILE,
@@ -56,6 +58,7 @@ from k3rocm.setting_table import (
 )
 from k3rocm.status import status_settings
 from k3rocm.stop_budget import InvalidGrace, StopBudget, budget_from_env
+from k3rocm.watchdog import stall_seconds
 
 EXIT_USAGE = 2
 # What `run` fills in for the config's %(ENV_...)s and its own programs.
@@ -78,6 +81,7 @@ _STALE = (
     STAGE1_GATE,
     DRAIN_MARK,
     REASON_FILE,
+    STALL_MARK,
     VLLM_GROUP_FILE,
     DEATHS_FILE,
     SMOKE_REPORT_NAME,
@@ -105,6 +109,7 @@ def run() -> int:
         budget = budget_from_env(os.environ)
         base_url = api_base_url(os.environ)
         status_settings(os.environ)
+        stall_seconds(os.environ)
     except (InvalidGrace, BadAddress, ValueError) as err:
         log(f"cannot start: {err}")
         return EXIT_USAGE

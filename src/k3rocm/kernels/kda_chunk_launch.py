@@ -1,0 +1,535 @@
+# SPDX-License-Identifier: Apache-2.0
+# Added by the kimi-k3-rocm patch series (not part of upstream vLLM 0.27.1).
+# Generated from kimi-k3-rocm's src/k3rocm/kernels/kda_chunk_launch.py by
+# `python -m k3rocm.patchgen`: edit that file, not this one.
+"""Chunk KDA forward through precompiled launches.
+
+vLLM 0.27.1's vendored ``chunk_kda_with_fused_gate`` (AMD copy) issues eight
+Triton kernels a call, each through Triton's Python dispatcher (heuristics,
+autotuner key, argument binding and specialization, launch metadata), plus
+the tensor work between them. This module issues the same kernels, in the
+same order, on the same buffers, with the same configurations, by calling
+each kernel's compiled binary directly.
+
+A *plan* holds, for one kind of call, the compiled binary of every kernel
+the call runs and the autotuned configuration it was compiled with. The
+kind of call (``_call_key``) is everything Triton's choice of binary can
+depend on: devices, dtypes, the fixed dimensions, which optional inputs are
+given, the 16-byte alignment of every input pointer, and the specialization
+class (1, a multiple of 16, other) of every integer argument Triton
+specializes. A call of a kind without a plan runs vLLM's own path, which
+autotunes and compiles as 0.27.1 always did; the plan is then read back from
+Triton's own caches, for exactly the arguments that call used
+(``JITFunction.run(..., warmup=True)``: the binary the dispatcher launched),
+so no binary of a plan was chosen by anything but Triton. ``warm_up_chunk_kda``
+makes the plans of every token count's specialization before serving.
+
+Outputs are bitwise those of the vendored path: same binaries, same grids,
+same arguments. Without the Triton internals used here (another Triton, or
+``TRITON_INTERPRET=1``) every call runs the vendored path.
+"""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from vllm.third_party.flash_linear_attention.ops import l2norm as _l2norm_module
+from vllm.third_party.flash_linear_attention.ops.utils import FLA_CHUNK_SIZE
+from vllm.triton_utils import triton
+from vllm.utils.math_utils import RCP_LN2
+
+# The kernels, in the order one call launches them ("intra" is one of two:
+# the sub-chunk kernel with a gate lower bound, token-parallel without).
+SITES = (
+    "l2norm_q",
+    "l2norm_k",
+    "gate",
+    "intra",
+    "inter_solve",
+    "recompute_w_u",
+    "delta_h",
+    "output",
+)
+_BC = 16  # sub-chunk size of chunk_kda_fwd_intra
+_L2NORM_EPS = 1e-6  # l2norm_fwd's default, as chunk_kda_with_fused_gate calls it
+_L2NORM_MBLOCK = 32
+_I32 = 1 << 31
+
+# launch(grid_x, grid_y, grid_z, *arguments in the kernel's parameter order)
+Launch = Callable[..., None]
+
+
+def _kernels() -> dict[str, object]:
+    """Each site's kernel as the vendored code calls it (imported late: the
+    vendored chunk module imports this one)."""
+    from vllm.models.kimi_k3.amd.ops.third_party.kda import (
+        chunk,
+        chunk_intra,
+        chunk_intra_token_parallel,
+    )
+    from vllm.third_party.flash_linear_attention.ops import chunk_delta_h
+
+    return {
+        "l2norm": _l2norm_module.l2norm_fwd_kernel2,
+        "gate": chunk.kda_gate_chunk_cumsum_vector_kernel,
+        "intra_sub_chunk": chunk_intra.chunk_kda_fwd_kernel_intra_sub_chunk,
+        "intra_token_parallel": (
+            chunk_intra_token_parallel.chunk_kda_fwd_kernel_intra_token_parallel
+        ),
+        "inter_solve": chunk_intra.chunk_kda_fwd_kernel_inter_solve_fused,
+        "recompute_w_u": chunk.recompute_w_u_fwd_kernel,
+        "delta_h": chunk_delta_h.chunk_gated_delta_rule_fwd_kernel_h_blockdim64,
+        "output": chunk.chunk_gla_fwd_kernel_o,
+    }
+
+
+def unwrap(kernel) -> tuple[object, object | None]:
+    """(the JIT function, its autotuner or None) under Triton's heuristics
+    and autotune decorators."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+
+    tuner = None
+    while isinstance(kernel, Heuristics | Autotuner):
+        if isinstance(kernel, Autotuner):
+            tuner = kernel
+        kernel = kernel.fn
+    return kernel, tuner
+
+
+def _platform_constants() -> dict[str, object]:
+    """What the vendored code reads from the platform on every call."""
+    from vllm.models.kimi_k3.amd.ops.third_party.kda import chunk_intra
+    from vllm.platforms import current_platform
+
+    return {
+        "use_gather": chunk_intra.is_gather_supported,
+        "solve_tril_precision": (
+            "tf32"
+            if current_platform.is_cuda() and current_platform.has_device_capability(80)
+            else "ieee"
+        ),
+    }
+
+
+def int_class(value: int, specialized: bool = True) -> int:
+    """What Triton's specialization sees of an integer argument: its type
+    (i32 or wider) and, where it specializes, whether it is 1 or a
+    multiple of 16."""
+    wide = 0 if -_I32 <= value < _I32 else 4
+    if not specialized:
+        return wide
+    if value == 1:
+        return wide | 1
+    return wide | (2 if value % 16 == 0 else 0)
+
+
+def _misaligned(*tensors: torch.Tensor | None) -> int:
+    """Bit i set when tensor i's pointer is not 16-byte aligned (what
+    Triton specializes pointers on)."""
+    bits = 0
+    for i, tensor in enumerate(tensors):
+        if tensor is not None and tensor.data_ptr() & 15:
+            bits |= 1 << i
+    return bits
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides = []
+    step = 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+def _empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A contiguous uninitialized tensor (empty_strided skips the stride
+    computation of empty/empty_like/new_empty)."""
+    strides = _contiguous_strides(shape)
+    return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+
+
+def _forward(launch, consts, q, k, v, raw_g, raw_beta, A_log, g_bias, scale,
+             initial_state, output_final_state, lower_bound, use_l2norm,
+             cu_seqlens, chunk_indices, chunk_offsets):  # fmt: skip
+    """vLLM 0.27.1's chunk_kda_with_fused_gate after its argument handling
+    (l2norm_fwd of q and k, then chunk_kda_with_fused_gate_fwd), kernel for
+    kernel, every launch through ``launch(site, grid, *args)`` with the
+    arguments in the kernel's parameter order, constexprs included.
+    ``consts`` holds the pinned configurations' values and the platform's."""
+    device = q.device
+    BT = FLA_CHUNK_SIZE
+    if use_l2norm:  # l2norm_fwd (its fused-kernel branch)
+        q_in, q = q, _empty(q.shape, q.dtype, device)
+        rows = q.numel() // q.shape[-1]
+        launch("l2norm_q", (-(-rows // _L2NORM_MBLOCK), 1, 1),
+               q_in, q, _L2NORM_EPS, rows, q.shape[-1], consts["l2norm_q_BD"],
+               _L2NORM_MBLOCK)  # fmt: skip
+        k_in, k = k, _empty(k.shape, k.dtype, device)
+        rows = k.numel() // k.shape[-1]
+        launch("l2norm_k", (-(-rows // _L2NORM_MBLOCK), 1, 1),
+               k_in, k, _L2NORM_EPS, rows, k.shape[-1], consts["l2norm_k_BD"],
+               _L2NORM_MBLOCK)  # fmt: skip
+    num_chunks = chunk_indices.shape[0]
+    num_seqs = cu_seqlens.shape[0] - 1
+
+    # fused_kda_gate_chunk_cumsum (raw_g's dims)
+    B, T, H, S = raw_g.shape
+    g = _empty(raw_g.shape, torch.float32, device)
+    beta = _empty(raw_beta.shape, torch.float32, device)
+    gate_bs = consts["gate_BS"]
+    launch("gate", (-(-S // gate_bs) + 1, num_chunks, B * H),
+           raw_g, raw_beta, A_log, g_bias, g, beta, cu_seqlens, chunk_indices,
+           RCP_LN2, lower_bound or 0.0, 1.0, 20.0, T, *raw_beta.stride(),
+           H, S, BT, gate_bs, g_bias is not None, True,
+           lower_bound is not None)  # fmt: skip
+
+    # chunk_kda_fwd_intra (k's dims; HV from g)
+    B, T, H, K = k.shape
+    HV = g.shape[2]
+    Aqk = _empty((B, T, HV, BT), k.dtype, device)
+    Akk = torch.zeros((B, T, HV, BT), dtype=k.dtype, device=device)
+    Akkd = _empty((B, T, HV, _BC), torch.float32, device)
+    if lower_bound is not None:  # chunk_kda_fwd_kernel_intra_sub_chunk
+        launch("intra", (num_chunks, -(-BT // _BC), B * HV),
+               q, k, g, beta, Aqk, Akkd, scale, cu_seqlens, chunk_indices, T,
+               H, HV, K, BT, _BC, consts["intra_BK"], True,
+               consts["use_gather"])  # fmt: skip
+    else:  # chunk_kda_fwd_intra_token_parallel (q's dims)
+        Bq, Tq, Hq, Kq = q.shape
+        launch("intra", (Bq * Tq, -(-HV // consts["intra_BH"]), 1),
+               q, k, g, beta, Aqk, Akkd, scale, cu_seqlens, num_seqs, Tq,
+               Hq, HV, Kq, BT, _BC, consts["intra_BH"], True)  # fmt: skip
+    launch("inter_solve", (num_chunks, B * HV, 1),
+           q, k, g, beta, Aqk, Akkd, Akk, scale, cu_seqlens, chunk_indices, T,
+           H, HV, K, BT, _BC, consts["inter_solve_BK"], True,
+           lower_bound is not None, consts["solve_tril_precision"])  # fmt: skip
+    del Akkd
+
+    # recompute_w_u_fwd (A is Akk; k's dims)
+    V = v.shape[-1]
+    w = _empty(k.shape, k.dtype, device)
+    u = _empty(v.shape, v.dtype, device)
+    kg = _empty(k.shape, k.dtype, device)
+    launch("recompute_w_u", (num_chunks, B * H, 1),
+           None, k, None, kg, v, beta, w, u, Akk, g, cu_seqlens, chunk_indices,
+           T, H, K, V, BT, 64, 64, False, True, True, "ieee")  # fmt: skip
+    del Akk
+
+    # chunk_gated_delta_rule_fwd_h (k is kg, v is u)
+    Hg, HU = kg.shape[2], u.shape[-2]
+    h = _empty((B, num_chunks, HU, V, K), kg.dtype, device)
+    final_state = (
+        _empty((num_seqs, HU, V, K), torch.float32, device)
+        if output_final_state
+        else None
+    )
+    v_new = _empty(u.shape, u.dtype, device)
+    delta_bv = consts["delta_h_BV"]
+    launch("delta_h", (-(-V // delta_bv), num_seqs * HU, 1),
+           kg, u, w, v_new, None, g, h, initial_state, final_state, cu_seqlens,
+           chunk_offsets, T, HU, Hg, K, V, BT, delta_bv, False, True,
+           initial_state is not None, final_state is not None, True, True,
+           True)  # fmt: skip
+    del w, u, kg
+
+    # chunk_gla_fwd_o_gk, written over v (q's dims)
+    B, T, H, K = q.shape
+    out_bv = consts["output_BV"]
+    launch("output", (-(-V // out_bv), num_chunks, B * H),
+           q, v_new, g, h, v, Aqk, cu_seqlens, chunk_indices, scale, T, H, K, V,
+           BT, consts["output_BK"], out_bv, True)  # fmt: skip
+    return v, final_state
+
+
+# The values _forward takes from each autotuned site's configuration.
+_CONFIG_VALUES = {
+    "gate": ("BS",),
+    "inter_solve": ("BK",),
+    "delta_h": ("BV",),
+    "output": ("BK", "BV"),
+}
+
+
+def site_kernel(site: str, lower_bound: float | None) -> object:
+    """The kernel (as the vendored code calls it) launched at ``site``."""
+    kernels = _kernels()
+    if site.startswith("l2norm"):
+        return kernels["l2norm"]
+    if site == "intra":
+        name = "intra_sub_chunk" if lower_bound is not None else "intra_token_parallel"
+        return kernels[name]
+    return kernels[site]
+
+
+def _options(config) -> dict:
+    """A configuration's compile options (num_warps, num_stages, ...), which
+    the autotuner passes to the JIT function beside its constexpr values."""
+    if config is None:
+        return {}
+    return {k: v for k, v in config.all_kwargs().items() if k not in config.kwargs}
+
+
+def chosen_configs(lower_bound: float | None) -> dict[str, object]:
+    """Each autotuned site's configuration in its last run (the autotuner's
+    ``best_config``; the only one where it has one)."""
+    configs = {}
+    for site in SITES:
+        _, tuner = unwrap(site_kernel(site, lower_bound))
+        if tuner is not None:
+            configs[site] = (
+                tuner.configs[0] if len(tuner.configs) == 1 else tuner.best_config
+            )
+    return configs
+
+
+def _consts(configs: dict, lower_bound, q: torch.Tensor, k: torch.Tensor) -> dict:
+    consts = _platform_constants()
+    for name, x in (("l2norm_q_BD", q), ("l2norm_k_BD", k)):
+        consts[name] = min(
+            65536 // x.element_size(), triton.next_power_of_2(x.shape[-1])
+        )
+    for site, names in _CONFIG_VALUES.items():
+        for name in names:
+            consts[f"{site}_{name}"] = configs[site].kwargs[name]
+    if lower_bound is not None:
+        consts["intra_BK"] = triton.next_power_of_2(k.shape[-1])
+    else:
+        consts["intra_BH"] = configs["intra"].kwargs["BH"]
+    return consts
+
+
+@dataclass
+class Plan:
+    """One kind of call's binaries (as direct launches) and the pinned
+    configuration values they were compiled with."""
+
+    launches: dict[str, Launch]
+    binaries: dict[str, object]  # site -> Triton's CompiledKernel
+    configs: dict[str, dict]  # site -> the configuration's kwargs and options
+    consts: dict[str, object]
+
+
+def resolve_binaries(prepared: tuple, configs: dict) -> tuple[dict, dict]:
+    """(site -> the binary Triton's dispatcher launches for this call's
+    arguments with ``configs``, the constants used). Compiles nothing once
+    the vendored path has run a call of the same kind."""
+    lower_bound = prepared[10]
+    consts = _consts(configs, lower_bound, prepared[0], prepared[1])
+    binaries: dict[str, object] = {}
+
+    def resolve(site, grid, *kernel_args):
+        jit, _ = unwrap(site_kernel(site, lower_bound))
+        if len(kernel_args) != len(jit.arg_names):
+            raise TypeError(f"{site}: {len(kernel_args)} arguments, {jit.arg_names}")
+        binaries[site] = jit.run(
+            *kernel_args, grid=grid, warmup=True, **_options(configs.get(site))
+        )
+
+    _forward(resolve, consts, *prepared)
+    return binaries, consts
+
+
+def _make_plan(prepared: tuple) -> Plan | None:
+    """The plan of this call's kind, read back from Triton right after the
+    vendored path ran the same call."""
+    configs = chosen_configs(prepared[10])
+    binaries, consts = resolve_binaries(prepared, configs)
+    device_index = prepared[0].get_device()
+    launches = {site: _direct(binaries[site], device_index) for site in SITES}
+    if not all(launches.values()):
+        return None
+    return Plan(
+        launches=launches,
+        binaries=binaries,
+        configs={site: config.all_kwargs() for site, config in configs.items()},
+        consts=consts,
+    )
+
+
+def _direct(binary, device_index: int) -> Launch | None:
+    """A launch of one compiled binary without Triton's dispatcher, or None
+    where this Triton lacks the internals."""
+    try:
+        binary._init_handles()
+        run, function = binary.run, binary.function
+        packed_metadata = binary.packed_metadata
+        current_stream = triton.runtime.driver.active.get_current_stream
+    except AttributeError:
+        return None
+
+    def direct(grid, *kernel_args):
+        # No launch metadata and no enter/exit hooks (profilers only); the
+        # launcher skips constexpr arguments but takes them in place.
+        run(grid[0], grid[1], grid[2], current_stream(device_index), function,
+            packed_metadata, None, None, None, *kernel_args)  # fmt: skip
+
+    return direct
+
+
+def prepare(q, k, v, raw_g, raw_beta, A_log, g_bias, scale, initial_state,
+            output_final_state, lower_bound, use_qk_l2norm_in_kernel,
+            cu_seqlens, chunk_indices, chunk_offsets) -> tuple:  # fmt: skip
+    """The call's arguments as the vendored path hands them to its kernels
+    (contiguous copies, flattened gate parameters, the default scale)."""
+    if use_qk_l2norm_in_kernel:
+        q, k = q.contiguous(), k.contiguous()
+    return (
+        q, k, v.contiguous(), raw_g.contiguous(), raw_beta, A_log.reshape(-1),
+        None if g_bias is None else g_bias.reshape(-1),
+        k.shape[-1] ** -0.5 if scale is None else scale,
+        None if initial_state is None else initial_state.contiguous(),
+        output_final_state, lower_bound, use_qk_l2norm_in_kernel, cu_seqlens,
+        chunk_indices, chunk_offsets,
+    )  # fmt: skip
+
+
+def _handled(prepared: tuple) -> bool:
+    """Calls the plans cover: one varlen batch on a GPU, float scale and
+    bound, raw_beta shaped as the vendored path requires, the fused l2norm."""
+    q, raw_g, raw_beta, scale, lower_bound = (
+        prepared[0], prepared[3], prepared[4], prepared[7], prepared[10]
+    )  # fmt: skip
+    return (
+        q.is_cuda
+        and q.shape[0] == 1
+        and raw_g.shape[0] == 1
+        and raw_beta.shape == raw_g.shape[:3]
+        and type(scale) is float
+        and (lower_bound is None or type(lower_bound) is float)
+        and not (prepared[11] and _l2norm_module.USE_DEFAULT_FLA_NORM)
+    )
+
+
+def _call_key(q, k, v, raw_g, raw_beta, A_log, g_bias, scale, initial_state,
+              output_final_state, lower_bound, use_l2norm, cu_seqlens,
+              chunk_indices, chunk_offsets) -> tuple:  # fmt: skip
+    """Everything Triton's choice of binary and configuration depends on, for
+    prepared arguments: the device, dtypes, fixed dimensions, which optional
+    inputs are given, every input pointer's 16-byte alignment, and the
+    specialization class of every integer argument (the token count only
+    through these classes: T is never specialized itself)."""
+    T = q.shape[1]
+    beta_strides = raw_beta.stride()
+    return (
+        q.get_device(),
+        q.dtype, k.dtype, v.dtype, raw_g.dtype, raw_beta.dtype, A_log.dtype,
+        None if g_bias is None else g_bias.dtype,
+        None if initial_state is None else initial_state.dtype,
+        cu_seqlens.dtype, chunk_indices.dtype, chunk_offsets.dtype,
+        q.shape[2:], k.shape[2:], v.shape[2:], raw_g.shape[2:], A_log.shape,
+        None if g_bias is None else g_bias.shape,
+        None if initial_state is None else initial_state.shape[1:],
+        lower_bound is None, bool(output_final_state), use_l2norm,
+        _misaligned(q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state,
+                    cu_seqlens, chunk_indices, chunk_offsets),
+        int_class(q.numel() // q.shape[-1]), int_class(k.numel() // k.shape[-1]),
+        int_class(beta_strides[0]), int_class(beta_strides[1]),
+        int_class(beta_strides[2]), int_class(T, specialized=False),
+        int_class(cu_seqlens.shape[0] - 1, specialized=False),
+    )  # fmt: skip
+
+
+def _direct_forward_available() -> bool:
+    jit, _ = unwrap(_l2norm_module.l2norm_fwd_kernel2)
+    return isinstance(jit, triton.runtime.jit.JITFunction)
+
+
+# One plan per kind of call (_call_key).
+_PLANS: dict[tuple, Plan] = {}
+# vendored_calls: calls that ran the vendored path (no plan for their kind
+# yet, or a call the plans do not cover); plans_made: plans made after one.
+STATS = {"vendored_calls": 0, "plans_made": 0}
+# Under TRITON_INTERPRET=1 nothing is compiled: every call is vendored.
+DIRECT = _direct_forward_available()
+
+
+def chunk_kda_launched(vendored, q, k, v, raw_g, raw_beta, A_log, g_bias,
+                       scale, initial_state, output_final_state, lower_bound,
+                       use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices,
+                       chunk_offsets):  # fmt: skip
+    """``chunk_kda_with_fused_gate`` for a call that brings its chunk
+    metadata: through the plan of its kind; else through ``vendored`` (the
+    vendored function, same arguments), making the plan after it."""
+    prepared = prepare(q, k, v, raw_g, raw_beta, A_log, g_bias, scale,
+                       initial_state, output_final_state, lower_bound,
+                       use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices,
+                       chunk_offsets)  # fmt: skip
+    key = _call_key(*prepared) if DIRECT and _handled(prepared) else None
+    if key is not None:
+        plan = _PLANS.get(key)
+        if plan is not None:
+            launches = plan.launches
+            return _forward(
+                lambda site, grid, *args: launches[site](grid, *args),
+                plan.consts,
+                *prepared,
+            )
+    STATS["vendored_calls"] += 1
+    out = vendored(q, k, v, raw_g, raw_beta, A_log, g_bias, scale,
+                   initial_state, output_final_state, lower_bound,
+                   use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices,
+                   chunk_offsets)  # fmt: skip
+    if key is not None:
+        plan = _make_plan(prepared)
+        if plan is not None:
+            _PLANS[key] = plan
+            STATS["plans_made"] += 1
+    return out
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """What warm_up_chunk_kda did."""
+
+    plans: int  # plans ready now
+    made: int  # of those, made by this call
+    seconds: float
+
+
+def warm_up_chunk_kda(
+    num_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    state_dtype: torch.dtype,
+    param_dtype: torch.dtype,
+    lower_bound: float | None,
+    device: torch.device | str,
+    vendored,
+    token_counts=range(1, 33),
+) -> WarmUp:
+    """Make the plans a Kimi KDA layer's prefill calls reach, before serving:
+    one call per token count in ``token_counts`` (1 to 32 meets every class
+    a token count can put the specialized integers in), contiguous inputs of
+    the layer's shapes and dtypes, a 16-byte-aligned cu_seqlens. Each new
+    kind runs the vendored path once (autotuning and compiling as 0.27.1
+    would on its first prefill) and is pinned."""
+    start = time.perf_counter()
+    before = STATS["plans_made"]
+    device = torch.device(device)
+    if DIRECT and device.type == "cuda":
+
+        def randn(*size, dtype=dtype):
+            return torch.randn(*size, dtype=dtype, device=device)
+
+        for tokens in token_counts:
+            shape = (1, tokens, num_heads, head_dim)
+            chunks = -(-tokens // FLA_CHUNK_SIZE)
+            rows = torch.arange(chunks, dtype=torch.int32)
+            chunk_indices = torch.stack([torch.zeros_like(rows), rows], 1)
+            chunk_kda_launched(
+                vendored, randn(*shape), randn(*shape), randn(*shape),
+                randn(*shape), randn(1, tokens, num_heads),
+                randn(num_heads, dtype=param_dtype),
+                randn(num_heads * head_dim, dtype=param_dtype), None,
+                randn(1, num_heads, head_dim, head_dim, dtype=state_dtype), True,
+                lower_bound, True,
+                torch.tensor([0, tokens], dtype=torch.int32, device=device),
+                chunk_indices.to(device),
+                torch.tensor([0, chunks], dtype=torch.int64, device=device),
+            )  # fmt: skip
+        torch.cuda.synchronize(device)
+    return WarmUp(
+        len(_PLANS), STATS["plans_made"] - before, time.perf_counter() - start
+    )

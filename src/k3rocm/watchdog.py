@@ -1,0 +1,325 @@
+"""The stall watchdog: supervisord's ``watchdog`` program
+(``python -m k3rocm.watchdog``), outside every vLLM process.
+
+vLLM 0.27.1's ``/health`` only reports an engine that has errored; an engine
+loop that hangs (a collective that never returns, a copy that never ends, a
+stopped or deadlocked worker) keeps it at 200 while every request hangs. The
+watchdog judges progress where the engine reports it: the metrics plugin's
+``k3rocm_engine_last_step_timestamp_seconds`` and ``k3rocm_engine_requests``
+and the drain middleware's ``k3rocm_api_requests_in_flight``, read from
+``/metrics`` every ``poll`` seconds.
+
+A **stall** is work pending (an engine's scheduler holds requests, or the API
+server has requests in flight, or ``/metrics`` does not answer at all) with
+no engine step for ``K3_STALL_SECONDS``. A step that ends, however slow, is
+progress; an idle server is never stalled. Requests in flight while the
+engine reports nothing to do (a client still reading a finished stream, a
+request not yet handed to the engine) are told apart by a probe: a one-token
+completion sent once half the time has passed, which a live engine answers
+with a step. The watchdog judges only while the server is serving (ready
+mark, no drain, no stop under way), and starts afresh with each new vLLM.
+
+On a stall: the ``stalled`` mark (the health check reports it at once), the
+stacks of every vLLM process (k3rocm.forensics), then vLLM's process group is
+killed and the container exits 5 (k3rocm.guard).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from k3rocm.contract import (
+    DRAIN_MARK,
+    READY_MARK,
+    REASON_FILE,
+    STALL_MARK,
+    VLLM_GROUP_FILE,
+    api_base_url,
+    run_dir,
+)
+from k3rocm.drain import IN_FLIGHT_METRIC
+from k3rocm.engine_progress import (
+    ENGINE_REQUESTS_METRIC,
+    LAST_STEP_METRIC,
+    utc,
+    write_stall_mark,
+)
+from k3rocm.forensics import capture, forensics_dir
+from k3rocm.guard import EXIT_STALL, log, stop_container
+from k3rocm.node import headless_node
+from k3rocm.setting_table import API_KEY_FILE, SERVED_MODEL_NAME, STALL_SECONDS
+from k3rocm.smoke.http import Http
+
+MIN_STALL_SECONDS, MAX_STALL_SECONDS = 5, 86400
+METRICS_TIMEOUT_SECONDS = 5
+API = "api"  # the progress key of requests in flight at the API server
+
+
+def stall_seconds(environ: Mapping[str, str]) -> int:
+    text = STALL_SECONDS.text(environ)
+    if not (text.isascii() and text.isdigit() and len(text) <= 5) or not (
+        MIN_STALL_SECONDS <= int(text) <= MAX_STALL_SECONDS
+    ):
+        raise ValueError(
+            f"{STALL_SECONDS.env} is {text[:40]!r}; set a whole number of seconds "
+            f"from {MIN_STALL_SECONDS} to {MAX_STALL_SECONDS} (default "
+            f"{STALL_SECONDS.default})"
+        )
+    return int(text)
+
+
+def poll_seconds(stall: int) -> float:
+    """Ten looks within the stall time, at most one a second, at least one
+    every 5 s."""
+    return min(5.0, max(1.0, stall / 10))
+
+
+@dataclass(frozen=True)
+class Engine:
+    last_step: float
+    running: float = 0.0
+    waiting: float = 0.0
+
+    @property
+    def pending(self) -> float:
+        return self.running + self.waiting
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look at /metrics: None for a server that did not answer."""
+
+    in_flight: float
+    engines: dict[str, Engine]
+
+
+def parse_metrics(text: str) -> Look:
+    in_flight = 0.0
+    steps: dict[str, float] = {}
+    requests: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not math.isfinite(sample.value):
+                continue
+            if sample.name == IN_FLIGHT_METRIC:
+                in_flight += sample.value
+            elif sample.name == LAST_STEP_METRIC:
+                engine = sample.labels.get("engine", "0")
+                steps[engine] = max(steps.get(engine, 0.0), sample.value)
+            elif sample.name == ENGINE_REQUESTS_METRIC:
+                key = (sample.labels.get("engine", "0"), sample.labels.get("state", ""))
+                requests[key] = requests.get(key, 0.0) + sample.value
+    engines = {
+        engine: Engine(
+            last,
+            requests.get((engine, "running"), 0.0),
+            requests.get((engine, "waiting"), 0.0),
+        )
+        for engine, last in steps.items()
+    }
+    return Look(in_flight, engines)
+
+
+@dataclass(frozen=True)
+class Stall:
+    since: float  # unix time of the last progress
+    pending: str  # what was pending, in words
+    key: str  # which engine, or the API server
+
+    def reason(self, now: float) -> str:
+        return (
+            f"the engine stalled: no engine step for {now - self.since:.0f} s "
+            f"(since {utc(self.since)}) "
+            f"with {self.pending} ({STALL_SECONDS.env})"
+        )
+
+
+@dataclass
+class StallJudge:
+    """Decides, look by look, whether the engine is stalled. Each engine is
+    judged by its own steps; requests in flight at the API server by the
+    newest step of any engine."""
+
+    stall_seconds: float
+    pending_since: dict[str, float] = field(default_factory=dict)
+    last_look: Look | None = None
+
+    def _progress(
+        self, key: str, pending: bool, last_step: float, now: float
+    ) -> float | None:
+        """The time of the last progress of a pending key; None when idle."""
+        if not pending:
+            self.pending_since.pop(key, None)
+            return None
+        since = self.pending_since.setdefault(key, now)
+        return max(since, last_step)
+
+    def look(self, now: float, look: Look | None) -> tuple[Stall | None, bool]:
+        """(the stall, if one; whether to probe the engine)."""
+        answered = look is not None
+        if look is None:
+            # The API server does not answer: nothing it knows is new.
+            previous = self.last_look or Look(0.0, {})
+            look = Look(max(previous.in_flight, 1.0), previous.engines)
+        self.last_look = look if answered else self.last_look
+        newest_step = max((e.last_step for e in look.engines.values()), default=0.0)
+        candidates: list[Stall] = []
+        probe = False
+        judged = [
+            (
+                f"engine {name}",
+                engine.pending > 0,
+                engine.last_step,
+                f"{engine.running:.0f} running and {engine.waiting:.0f} waiting "
+                f"request(s) on engine {name}",
+            )
+            for name, engine in sorted(look.engines.items())
+        ]
+        api_words = (
+            f"{look.in_flight:.0f} HTTP request(s) in flight"
+            if answered
+            else "the API server not answering /metrics"
+        )
+        judged.append((API, look.in_flight > 0, newest_step, api_words))
+        for key, pending, last_step, words in judged:
+            progress = self._progress(key, pending, last_step, now)
+            if progress is None:
+                continue
+            waited = now - progress
+            if waited >= self.stall_seconds:
+                candidates.append(Stall(progress, words, key))
+            elif waited >= self.stall_seconds / 2:
+                probe = True
+        for name in list(self.pending_since):
+            if name != API and name not in {key for key, *_ in judged}:
+                self.pending_since.pop(name)
+        stall = min(candidates, key=lambda s: s.since) if candidates else None
+        return stall, probe and stall is None
+
+
+def read_look(metrics_url: str) -> Look | None:
+    try:
+        with urllib.request.urlopen(
+            metrics_url, timeout=METRICS_TIMEOUT_SECONDS
+        ) as response:
+            text = response.read().decode(errors="replace")
+        return parse_metrics(text)
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+
+
+class Probe:
+    """One one-token completion at a time, in the background: a live engine
+    answers it with a step."""
+
+    def __init__(self, http: Http, model: str, timeout: float):
+        self.http, self.model, self.timeout = http, model, timeout
+        self.thread: threading.Thread | None = None
+
+    def send(self) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            return
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        body = {"model": self.model, "prompt": "ping", "max_tokens": 1}
+        try:
+            self.http.post("/v1/completions", body, timeout=self.timeout)
+        except (OSError, urllib.error.URLError, ValueError):
+            pass  # judged by the steps it causes, not by its answer
+
+
+def serving(directory: Path) -> bool:
+    return (
+        (directory / READY_MARK).is_file()
+        and not (directory / DRAIN_MARK).exists()
+        and not (directory / REASON_FILE).exists()
+        and not (directory / STALL_MARK).exists()
+    )
+
+
+def vllm_group(directory: Path) -> int | None:
+    try:
+        return int((directory / VLLM_GROUP_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def on_stall(directory: Path, stall: Stall, now: float, group: int | None) -> None:
+    """Mark, capture, kill, stop: in this order, so the health check says so
+    at once and nothing is killed before its stacks are kept."""
+    write_stall_mark(directory, stall.since, now, stall.pending)
+    reason = stall.reason(now)
+    log(reason)
+    if group is not None:
+        capture(reason, group, forensics_dir(os.environ), log)
+        try:
+            os.killpg(group, signal.SIGKILL)  # a stalled vLLM cannot stop itself
+        except (ProcessLookupError, PermissionError):
+            pass
+    stop_container(directory, EXIT_STALL, reason)
+
+
+def watch(directory: Path, base_url: str, stall: int, http: Http, model: str) -> None:
+    judge = StallJudge(stall)
+    probe = Probe(http, model, timeout=stall)
+    metrics_url = f"{base_url}/metrics"
+    group, armed = None, False
+    while True:
+        time.sleep(poll_seconds(stall))
+        if not serving(directory):
+            judge, armed = StallJudge(stall), False
+            continue
+        current = vllm_group(directory)
+        if current != group:  # a new vLLM: judge it from its first answer on
+            group, judge, armed = current, StallJudge(stall), False
+        look = read_look(metrics_url)
+        armed = armed or look is not None
+        if not armed:
+            continue
+        now = time.time()
+        found, should_probe = judge.look(now, look)
+        if found is not None:
+            on_stall(directory, found, now, group)
+            return
+        if should_probe:
+            probe.send()
+
+
+def main() -> int:
+    try:
+        stall = stall_seconds(os.environ)
+        base_url = api_base_url(os.environ)
+    except ValueError as err:
+        log(f"watchdog: {err}")
+        return 2
+    if headless_node(os.environ) is not None:
+        # No API server here: node 0's watchdog judges the job, this node's
+        # guard captures its stacks when node 0 goes away.
+        threading.Event().wait()
+    key_file = API_KEY_FILE.text(os.environ)
+    try:
+        api_key = Path(key_file).read_text().strip() if key_file else None
+    except OSError:
+        api_key = None  # the smoke test reports an unreadable key file
+    http = Http(base_url, api_key)
+    watch(run_dir(), base_url, stall, http, SERVED_MODEL_NAME.text(os.environ))
+    threading.Event().wait()  # the guard stops the container
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
