@@ -68,9 +68,11 @@ def test_smoke_passes_then_sigterm_stops_vllm_gracefully(container):
         "health": "pass",
         "completion": "pass",
         "prefill metrics": "pass",
+        "sampled completion": "pass",
     }
     assert "not ROCm" in report["stages"]["stage1"]["checks"][1]["detail"]
     assert "k3rocm.smoke: verdict=pass policy=stop" in tree.log
+    assert "the engine stalled" not in tree.log
     health = tree.health()
     assert health.returncode == 0, health.stdout
     assert metric_value(tree.port, "k3rocm_smoke_verdict") == 1

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from importlib import metadata
 import struct
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from k3rocm.setting_table import FORENSICS_DIR

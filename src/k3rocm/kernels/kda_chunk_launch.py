@@ -56,7 +56,7 @@ _L2NORM_EPS = 1e-6  # l2norm_fwd's default, as chunk_kda_with_fused_gate calls i
 _L2NORM_MBLOCK = 32
 _I32 = 1 << 31
 
-# launch(grid_x, grid_y, grid_z, *arguments in the kernel's parameter order)
+# launch(site, grid, *arguments in the kernel's parameter order)
 Launch = Callable[..., None]
 
 
@@ -134,20 +134,10 @@ def _misaligned(*tensors: torch.Tensor | None) -> int:
     return bits
 
 
-def _contiguous_strides(shape) -> tuple[int, ...]:
-    strides = []
-    step = 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return tuple(reversed(strides))
-
-
 def _empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A contiguous uninitialized tensor (empty_strided skips the stride
-    computation of empty/empty_like/new_empty)."""
-    strides = _contiguous_strides(shape)
-    return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+    """A contiguous uninitialized tensor, as empty_like/new_empty make them
+    from the vendored path's contiguous inputs."""
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _forward(launch, consts, q, k, v, raw_g, raw_beta, A_log, g_bias, scale,
@@ -305,7 +295,7 @@ class Plan:
     """One kind of call's binaries (as direct launches) and the pinned
     configuration values they were compiled with."""
 
-    launches: dict[str, Launch]
+    launches: dict[str, tuple]  # site -> (launcher, function, packed metadata)
     binaries: dict[str, object]  # site -> Triton's CompiledKernel
     configs: dict[str, dict]  # site -> the configuration's kwargs and options
     consts: dict[str, object]
@@ -336,8 +326,7 @@ def _make_plan(prepared: tuple) -> Plan | None:
     vendored path ran the same call."""
     configs = chosen_configs(prepared[10])
     binaries, consts = resolve_binaries(prepared, configs)
-    device_index = prepared[0].get_device()
-    launches = {site: _direct(binaries[site], device_index) for site in SITES}
+    launches = {site: _direct(binaries[site]) for site in SITES}
     if not all(launches.values()):
         return None
     return Plan(
@@ -348,24 +337,15 @@ def _make_plan(prepared: tuple) -> Plan | None:
     )
 
 
-def _direct(binary, device_index: int) -> Launch | None:
-    """A launch of one compiled binary without Triton's dispatcher, or None
-    where this Triton lacks the internals."""
+def _direct(binary) -> tuple | None:
+    """What launching one compiled binary without Triton's dispatcher takes
+    (its launcher, function handle and packed metadata), or None where this
+    Triton lacks the internals."""
     try:
         binary._init_handles()
-        run, function = binary.run, binary.function
-        packed_metadata = binary.packed_metadata
-        current_stream = triton.runtime.driver.active.get_current_stream
+        return binary.run, binary.function, binary.packed_metadata
     except AttributeError:
         return None
-
-    def direct(grid, *kernel_args):
-        # No launch metadata and no enter/exit hooks (profilers only); the
-        # launcher skips constexpr arguments but takes them in place.
-        run(grid[0], grid[1], grid[2], current_stream(device_index), function,
-            packed_metadata, None, None, None, *kernel_args)  # fmt: skip
-
-    return direct
 
 
 def prepare(q, k, v, raw_g, raw_beta, A_log, g_bias, scale, initial_state,
@@ -436,6 +416,10 @@ def _direct_forward_available() -> bool:
     return isinstance(jit, triton.runtime.jit.JITFunction)
 
 
+def _current_stream(device_index: int):
+    return triton.runtime.driver.active.get_current_stream(device_index)
+
+
 # One plan per kind of call (_call_key).
 _PLANS: dict[tuple, Plan] = {}
 # vendored_calls: calls that ran the vendored path (no plan for their kind
@@ -461,11 +445,16 @@ def chunk_kda_launched(vendored, q, k, v, raw_g, raw_beta, A_log, g_bias,
         plan = _PLANS.get(key)
         if plan is not None:
             launches = plan.launches
-            return _forward(
-                lambda site, grid, *args: launches[site](grid, *args),
-                plan.consts,
-                *prepared,
-            )
+            stream = _current_stream(key[0])
+
+            def launch(site, grid, *kernel_args):
+                # No launch metadata and no enter/exit hooks (profilers
+                # only); the launcher skips constexprs but takes them in place.
+                run, function, packed_metadata = launches[site]
+                run(grid[0], grid[1], grid[2], stream, function, packed_metadata,
+                    None, None, None, *kernel_args)  # fmt: skip
+
+            return _forward(launch, plan.consts, *prepared)
     STATS["vendored_calls"] += 1
     out = vendored(q, k, v, raw_g, raw_beta, A_log, g_bias, scale,
                    initial_state, output_final_state, lower_bound,

@@ -27,6 +27,24 @@ class Http:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.loads(response.read())
 
+    def stream(self, path: str, body: dict, timeout: float) -> list[str]:
+        """A server-sent event stream's data lines, read to its end; an
+        error event raises ValueError."""
+        request = urllib.request.Request(
+            self.base_url + path, data=json.dumps(body).encode(), headers=self.headers
+        )
+        events = []
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            for raw in response:
+                line = raw.decode(errors="replace").strip()
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: ") :]
+                if data != "[DONE]" and "error" in json.loads(data):
+                    raise ValueError(f"error event: {data[:300]}")
+                events.append(data)
+        return events
+
 
 def wait_for_health(http: Http, timeout: float) -> bool:
     deadline = time.monotonic() + timeout

@@ -1,5 +1,8 @@
 """Stage 2, once vLLM answers ``/health``: a completion whose prompt spans
-several 64-token chunks, then new prefill step samples on ``/metrics``."""
+several 64-token chunks, then new prefill step samples on ``/metrics``, then
+the paths users hit: a completion with the server's default sampling (the
+first one compiles the sampler: a server that cannot must not turn healthy)
+and a streamed one, read to its ``[DONE]``."""
 
 from __future__ import annotations
 
@@ -89,6 +92,36 @@ def run_stage2(stage: Stage, settings: Settings) -> None:
         f"{model} completed a {prompt_tokens}-token prompt ({chunks} chunks)",
     )
     check_prefill_metrics(stage, http, before)
+    check_sampled_requests(stage, http, model, settings.stage2_timeout)
+
+
+def check_sampled_requests(stage: Stage, http: Http, model: str, timeout: float):
+    body = {"model": model, "prompt": PROMPT_SENTENCE, "max_tokens": 4}
+    try:
+        answer = http.post("/v1/completions", body, timeout=timeout)
+        events = http.stream("/v1/completions", {**body, "stream": True}, timeout)
+    except (OSError, urllib.error.URLError, KeyError, ValueError) as err:
+        stage.add(
+            "sampled completion",
+            Verdict.FAIL,
+            f"a completion with default sampling failed: {err!r}"[:500],
+        )
+        return
+    tokens = answer.get("usage", {}).get("completion_tokens", 0)
+    if not answer.get("choices") or tokens < 1 or events[-1:] != ["[DONE]"]:
+        stage.add(
+            "sampled completion",
+            Verdict.FAIL,
+            f"default sampling gave {tokens} tokens; the stream ended with "
+            f"{events[-1:]!r} after {len(events)} events, not [DONE]",
+        )
+        return
+    stage.add(
+        "sampled completion",
+        Verdict.PASS,
+        f"default sampling: {tokens} tokens; streamed: {len(events) - 1} events "
+        "and [DONE]",
+    )
 
 
 def check_prefill_metrics(stage: Stage, http: Http, before: float) -> None:
