@@ -48,6 +48,7 @@ from k3rocm.contract import (
 )
 from k3rocm.drain import wait_drained, write_drain_mark
 from k3rocm.guard import EXIT_SMOKE, EXIT_VLLM, listen, log
+from k3rocm.jit_locks import sweep as sweep_jit_locks
 from k3rocm.setting_table import (
     RUN_DIR,
     SMOKE_STAGE1_TIMEOUT,
@@ -129,6 +130,12 @@ def run() -> int:
     for name in _STALE:
         (directory / name).unlink(missing_ok=True)
     Path(os.environ[SMOKE_REPORT_ENV]).unlink(missing_ok=True)
+    # Before anything builds: a lock left by a build killed with an earlier
+    # container would make this start wait for ever.
+    try:
+        sweep_jit_locks(os.environ, log)
+    except OSError as err:
+        log(f"could not sweep the JIT locks ({err}); starting anyway")
 
     supervisord = subprocess.Popen(
         [
