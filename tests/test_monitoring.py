@@ -20,7 +20,12 @@ RULE_FILES = {
     "alerts.yml": "alerts.test.yml",
     "container-alerts.yml": "container-alerts.test.yml",
 }
-CONTAINER_ALERTS = ("KimiK3ServerDown", "KimiK3ContainerDown", "KimiK3LoadSlow")
+CONTAINER_ALERTS = (
+    "KimiK3ServerDown",
+    "KimiK3ContainerDown",
+    "KimiK3LoadSlow",
+    "KimiK3EngineStalled",
+)
 ALERTS = (
     "EngineStepLatencyP99High",
     "PrefillStepLatencyRegression",

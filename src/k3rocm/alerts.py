@@ -19,7 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k3rocm import monitoring as m
-from k3rocm.setting_table import LOAD_ALERT_SECONDS, SMOKE_LOAD_TIMEOUT, STATUS_PORT
+from k3rocm.setting_table import (
+    LOAD_ALERT_SECONDS,
+    SMOKE_LOAD_TIMEOUT,
+    STALL_SECONDS,
+    STATUS_PORT,
+)
 from k3rocm.smoke_verdict import VERDICT_FAIL, VERDICT_PENDING
 from k3rocm.states import StepKind
 
@@ -173,7 +178,7 @@ def container_rules() -> list[Rule]:
             f"{STATUS_PORT.default}) does not answer: the container exited or "
             "was never started. docker compose ps -a shows its exit code "
             '(README, "Health and readiness": 3 vLLM could not be kept '
-            "running, 4 smoke test failed).",
+            "running, 4 smoke test failed, 5 the engine stalled).",
             m.DOWN_FOR,
         ),
         Rule(
@@ -190,6 +195,24 @@ def container_rules() -> list[Rule]:
             comment=f"The operator's bound, {LOAD_ALERT_SECONDS.env}, is "
             "exported beside the phase, so the rule carries no threshold of "
             "its own.",
+        ),
+        Rule(
+            "KimiK3EngineStalled",
+            f"(time() - max by (instance, model_name, engine) ({m.LAST_STEP}) > "
+            f"on(instance) group_left() {m.STALL_BOUND} / 2) and on(instance, "
+            f"model_name, engine) sum by (instance, model_name, engine) "
+            f"({m.ENGINE_REQUESTS}) > 0",
+            CRITICAL,
+            "engine {{ $labels.engine }} on {{ $labels.instance }} has not "
+            "stepped for {{ $value | humanizeDuration }} with requests pending",
+            "The engine is stalled (a hung collective, a copy that never ends, "
+            "a stopped worker). At K3_STALL_SECONDS the watchdog dumps every "
+            "vLLM process's stacks into the log and K3_FORENSICS_DIR, and the "
+            'container exits 5 and restarts (README, "When the engine '
+            'stalls"). Send the stacks upstream with the image tag.',
+            comment=f"Half of {STALL_SECONDS.env} (exported by the container), "
+            "so it fires before the watchdog acts; no step plus a queue the "
+            "engine reported is the watchdog's rule too.",
         ),
     ]
 

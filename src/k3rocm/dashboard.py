@@ -209,6 +209,26 @@ def panels() -> list[list[tuple[int, int, dict]]]:
         ],
         "vLLM's scheduler queues: requests in the batch and requests waiting.",
     )
+    progress = timeseries(
+        "Engine progress",
+        "short",
+        [
+            target(
+                "A",
+                f"time() - max by (instance, engine) ({m.LAST_STEP}{{{INSTANCE}}})",
+                "{{instance}} engine {{engine}}: seconds since its last step",
+            ),
+            target(
+                "B",
+                f"sum by (instance, engine) ({m.ENGINE_REQUESTS}{{{INSTANCE}}})",
+                "{{instance}} engine {{engine}}: requests pending",
+            ),
+        ],
+        "Seconds since each engine's last step, and the requests its scheduler "
+        "held then. Growing seconds with requests pending is a stall: the "
+        "watchdog captures stacks and restarts the container after "
+        "K3_STALL_SECONDS (alert KimiK3EngineStalled at half of it).",
+    )
     kv_cache = timeseries(
         "KV cache usage",
         "percentunit",
@@ -255,7 +275,7 @@ def panels() -> list[list[tuple[int, int, dict]]]:
                 ),
             ),
         ],
-        [(12, 8, requests), (12, 8, kv_cache)],
+        [(8, 8, requests), (8, 8, progress), (8, 8, kv_cache)],
     ]
 
 

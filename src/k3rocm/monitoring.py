@@ -5,7 +5,7 @@ Both generated files are checked against this by tests/test_monitoring.py.
 
 from __future__ import annotations
 
-from k3rocm import smoke_verdict
+from k3rocm import engine_progress, smoke_verdict, status
 from k3rocm.smoke_verdict import VERDICT_FAIL, VERDICT_PASS, VERDICT_PENDING
 from k3rocm.states import StepKind
 from k3rocm.status import PHASES
@@ -23,11 +23,14 @@ STEPS_TOTAL = "k3rocm_engine_steps_total"
 CONTEXT_TOKENS = "k3rocm_engine_step_context_tokens_total"
 GENERATION_TOKENS = "k3rocm_engine_step_generation_tokens_total"
 BUILD_INFO = "k3rocm_build_info"
+LAST_STEP = engine_progress.LAST_STEP_METRIC
+ENGINE_REQUESTS = engine_progress.ENGINE_REQUESTS_METRIC
 SMOKE_VERDICT = smoke_verdict.NAME
 # The container's start-up metrics (k3rocm.status).
 CONTAINER_PHASE = "k3rocm_container_phase"
 CONTAINER_PHASE_SECONDS = "k3rocm_container_phase_seconds"
 LOAD_ALERT_BOUND = "k3rocm_container_load_alert_seconds"
+STALL_BOUND = status.STALL_BOUND
 # vLLM's own.
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 REQUESTS_RUNNING = "vllm:num_requests_running"

@@ -17,6 +17,9 @@ Prometheus would see nothing of a start-up. supervisord's ``status`` program
 ``k3rocm_container_load_alert_seconds``
     K3_LOAD_ALERT_SECONDS, the operator's bound on loading; the alert
     KimiK3LoadSlow compares the loading time with it.
+``k3rocm_container_stall_seconds``
+    K3_STALL_SECONDS, the watchdog's stall time; the alert
+    KimiK3EngineStalled compares the age of the engine's last step with it.
 
 The phase is read from the run directory (k3rocm.contract) and, between the
 stage-1 gate and the ready mark, from vLLM's ``/health``, on every scrape.
@@ -49,12 +52,14 @@ from k3rocm.contract import (
 from k3rocm.json_file import UnreadableJson, read_json_file
 from k3rocm.setting_table import LOAD_ALERT_SECONDS, STATUS_PORT
 from k3rocm.states import Verdict
+from k3rocm.watchdog import stall_seconds
 
 PHASES = ("stage1", "loading", "stage2", "serving", "draining", "stopping")
 STATUS_PORT_ENV = STATUS_PORT.env
 DEFAULT_STATUS_PORT = STATUS_PORT.default
 LOAD_ALERT_ENV = LOAD_ALERT_SECONDS.env
 DEFAULT_LOAD_ALERT_SECONDS = LOAD_ALERT_SECONDS.default
+STALL_BOUND = "k3rocm_container_stall_seconds"
 
 
 def vllm_answers(base_url: str) -> bool:
@@ -103,10 +108,13 @@ def stage1_verdict(directory: Path, report: Path) -> int:
 class StartupCollector:
     """Computes the phase on each scrape; remembers when it last changed."""
 
-    def __init__(self, directory: Path, base_url: str, load_alert_seconds: int):
+    def __init__(
+        self, directory: Path, base_url: str, load_alert_seconds: int, stall: int
+    ):
         self.directory = directory
         self.base_url = base_url
         self.load_alert_seconds = load_alert_seconds
+        self.stall_seconds = stall
         self.report = smoke_report_path()
         self.lock = threading.Lock()
         self.phase = ""
@@ -143,6 +151,12 @@ class StartupCollector:
             "K3_LOAD_ALERT_SECONDS: loading longer than this raises KimiK3LoadSlow.",
             value=self.load_alert_seconds,
         )
+        yield GaugeMetricFamily(
+            STALL_BOUND,
+            "K3_STALL_SECONDS: an engine this long without a step while "
+            "requests are pending is stalled.",
+            value=self.stall_seconds,
+        )
 
 
 def _whole_number(environ: Mapping[str, str], name: str, default: int, top: int) -> int:
@@ -154,24 +168,25 @@ def _whole_number(environ: Mapping[str, str], name: str, default: int, top: int)
     return int(text)
 
 
-def status_settings(environ: Mapping[str, str]) -> tuple[int, int]:
-    """(K3_STATUS_PORT, K3_LOAD_ALERT_SECONDS); ValueError says what is wrong."""
+def status_settings(environ: Mapping[str, str]) -> tuple[int, int, int]:
+    """(K3_STATUS_PORT, K3_LOAD_ALERT_SECONDS, K3_STALL_SECONDS); ValueError
+    says what is wrong."""
     port = _whole_number(environ, STATUS_PORT_ENV, DEFAULT_STATUS_PORT, 65535)
     bound = _whole_number(
         environ, LOAD_ALERT_ENV, DEFAULT_LOAD_ALERT_SECONDS, 7 * 24 * 3600
     )
-    return port, bound
+    return port, bound, stall_seconds(environ)
 
 
 def main() -> int:
     try:
-        port, bound = status_settings(os.environ)
+        port, bound, stall = status_settings(os.environ)
         base_url = api_base_url(os.environ)
     except (ValueError, BadAddress) as err:
         print(f"k3rocm.status: {err}", file=sys.stderr, flush=True)
         return 2
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StartupCollector(run_dir(), base_url, bound))
+    registry.register(StartupCollector(run_dir(), base_url, bound, stall))
     start_http_server(port, registry=registry)
     print(f"k3rocm.status: start-up metrics on :{port}/metrics", flush=True)
     threading.Event().wait()

@@ -59,7 +59,6 @@ from k3rocm.setting_table import (
 )
 from k3rocm.status import status_settings
 from k3rocm.stop_budget import InvalidGrace, StopBudget, budget_from_env
-from k3rocm.watchdog import stall_seconds
 
 EXIT_USAGE = 2
 # What `run` fills in for the config's %(ENV_...)s and its own programs.
@@ -110,7 +109,6 @@ def run() -> int:
         budget = budget_from_env(os.environ)
         base_url = api_base_url(os.environ)
         status_settings(os.environ)
-        stall_seconds(os.environ)
     except (InvalidGrace, BadAddress, ValueError) as err:
         log(f"cannot start: {err}")
         return EXIT_USAGE
