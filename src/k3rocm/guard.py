@@ -147,18 +147,33 @@ class Guard:
         )
 
 
-def stop_container(directory: Path, code: int, reason: str) -> None:
-    """Record the first stop reason and stop supervisord, our parent: it
-    stops every program and exits; ``supervise run`` then exits with
-    ``code``. A later reason changes nothing."""
+def record_stop_reason(directory: Path, code: int, reason: str) -> bool:
+    """Record why the container stops, unless a reason is recorded already:
+    True for the one caller (the guard or the watchdog) whose reason holds.
+    A hard link creates the file whole and only where none exists."""
     reason_file = directory / REASON_FILE
-    if reason_file.exists():
-        return
-    tmp = reason_file.with_name(f"{REASON_FILE}.{os.getpid()}.tmp")
+    tmp = reason_file.with_name(f".{REASON_FILE}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"exit_code": code, "reason": reason}) + "\n")
-    os.replace(tmp, reason_file)
+    try:
+        os.link(tmp, reason_file)
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
     log(f"stopping the container: {reason}")
+    return True
+
+
+def stop_supervisord() -> None:
+    """supervisord is the parent of the guard and the watchdog: SIGTERM makes
+    it stop every program and exit; ``supervise run`` then exits with the
+    recorded reason's code."""
     os.kill(os.getppid(), signal.SIGTERM)
+
+
+def stop_container(directory: Path, code: int, reason: str) -> None:
+    if record_stop_reason(directory, code, reason):
+        stop_supervisord()
 
 
 def capture_before_stopping(directory: Path, reason: str) -> None:
@@ -185,7 +200,9 @@ def listen() -> int:
     while True:
         headers, payload = childutils.listener.wait(sys.stdin, sys.stdout)
         body = childutils.get_headers(payload.split("\n", 1)[0])
-        if headers["eventname"].startswith("TICK_"):
+        if (directory / REASON_FILE).exists():
+            verdict = None  # stopping already: later events change nothing
+        elif headers["eventname"].startswith("TICK_"):
             verdict = guard.tick(time.monotonic())
         else:
             verdict = guard.judge(
@@ -194,7 +211,7 @@ def listen() -> int:
                 body.get("expected") == "1",
                 body.get("from_state", "RUNNING"),
             )
-        if verdict and not (directory / REASON_FILE).exists():
+        if verdict:
             code, reason = verdict
             if headers["eventname"].startswith("TICK_"):
                 capture_before_stopping(directory, reason)

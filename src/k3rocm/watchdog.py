@@ -57,7 +57,7 @@ from k3rocm.engine_progress import (
     write_stall_mark,
 )
 from k3rocm.forensics import capture, forensics_dir
-from k3rocm.guard import EXIT_STALL, log, stop_container
+from k3rocm.guard import EXIT_STALL, log, record_stop_reason, stop_supervisord
 from k3rocm.node import headless_node
 from k3rocm.setting_table import API_KEY_FILE, SERVED_MODEL_NAME, STALL_SECONDS
 from k3rocm.smoke.http import Http
@@ -259,18 +259,22 @@ def vllm_group(directory: Path) -> int | None:
 
 
 def on_stall(directory: Path, stall: Stall, now: float, group: int | None) -> None:
-    """Mark, capture, kill, stop: in this order, so the health check says so
-    at once and nothing is killed before its stacks are kept."""
+    """Mark, capture, record, kill, stop: in this order, so the health check
+    says so at once, nothing is killed before its stacks are kept, and the
+    guard takes vLLM's death for part of this stop, not a crash of its own."""
     write_stall_mark(directory, stall.since, now, stall.pending)
     reason = stall.reason(now)
     log(reason)
     if group is not None:
         capture(reason, group, forensics_dir(os.environ), log)
+    if not record_stop_reason(directory, EXIT_STALL, reason):
+        return  # another stop is under way
+    if group is not None:
         try:
             os.killpg(group, signal.SIGKILL)  # a stalled vLLM cannot stop itself
         except (ProcessLookupError, PermissionError):
             pass
-    stop_container(directory, EXIT_STALL, reason)
+    stop_supervisord()
 
 
 def watch(directory: Path, base_url: str, stall: int, http: Http, model: str) -> None:
