@@ -14,6 +14,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -133,7 +134,7 @@ class Container:
         return f"http://127.0.0.1:{self.port}"
 
     def inspect(self) -> dict:
-        return json.loads(docker("inspect", self.name).stdout)[0]
+        return container_state(self.name)
 
     def state(self) -> dict:
         return self.inspect()["State"]
@@ -142,8 +143,7 @@ class Container:
         return self.state().get("Health", {}).get("Status", "none")
 
     def logs(self) -> str:
-        result = docker("logs", self.name, check=False)
-        return result.stdout + result.stderr
+        return server_logs(self.name)
 
     def exec(self, *command: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return docker("exec", self.name, *command, timeout=timeout, check=False)
@@ -253,3 +253,90 @@ def http(
             return response.status, response.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
+
+
+# Engine processes and streams in flight, for the stall tests.
+STREAM_TOKENS = 480
+
+
+def vllm_processes(container: str) -> dict[str, int]:
+    """comm -> pid of the container's processes (the image has no ps)."""
+    listing = docker(
+        "exec",
+        container,
+        "sh",
+        "-c",
+        'for d in /proc/[0-9]*; do echo "${d#/proc/} $(cat $d/comm)"; done',
+        check=False,
+    ).stdout
+    found = {}
+    for line in listing.splitlines():
+        pid, _, name = line.partition(" ")
+        if name.startswith("VLLM::"):
+            found[name] = int(pid)
+    return found
+
+
+def signal_process(container: str, pid: int, name: str) -> None:
+    docker("exec", container, "sh", "-c", f"kill -{name} {pid}")
+
+
+def container_state(container: str) -> dict:
+    return json.loads(docker("inspect", container).stdout)[0]
+
+
+def server_logs(container: str) -> str:
+    result = docker("logs", container, check=False)
+    return result.stdout + result.stderr
+
+
+class Streams:
+    """Streaming completions in flight, each counting the tokens it got."""
+
+    def __init__(self, api: str, count: int, api_key: str | None = None):
+        self.api_key = api_key
+        self.tokens = [0] * count
+        self.done = [False] * count
+        self.threads = [
+            threading.Thread(target=self._run, args=(api, i), daemon=True)
+            for i in range(count)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _run(self, api: str, index: int) -> None:
+        body = {
+            "model": "kimi-k3",
+            "prompt": "a b c d",
+            "max_tokens": STREAM_TOKENS,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        request = urllib.request.Request(
+            f"{api}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={
+                "Content-Type": "application/json",
+                **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}),
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                for raw in response:
+                    line = raw.decode().strip()
+                    if line == "data: [DONE]":
+                        self.done[index] = True
+                    elif line.startswith("data: "):
+                        self.tokens[index] += 1
+        except OSError:
+            pass
+
+    def wait_started(self) -> None:
+        deadline = time.monotonic() + 120
+        while min(self.tokens) < 5:
+            assert time.monotonic() < deadline, f"streams stuck at {self.tokens}"
+            time.sleep(0.5)
+
+    def join(self, timeout: float) -> None:
+        for thread in self.threads:
+            thread.join(timeout)

@@ -16,14 +16,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from docker_images import CPU_DEV_ENV, docker, http
+from docker_images import (
+    CPU_DEV_ENV,
+    Streams,
+    container_state,
+    docker,
+    http,
+    server_logs,
+    signal_process,
+    vllm_processes,
+)
 from vllm_server import free_port
 from vllm_trees import REPO
 
@@ -41,6 +52,9 @@ POISON = {"HF_TOKEN": "hf_poison_from_dotenv", "GRAFANA_ADMIN_PASSWORD": "poison
 # Flags of the smoke test and vLLM for the tiny model (not in compose.yaml's
 # allow-list: the CPU build's own variables).
 CPU_ONLY_ENV = {"VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TRITON_INTERPRET"}
+# The watchdog's stall time here: far above a CPU step of the tiny model,
+# short enough to wait for several times.
+STALL_SECONDS = 15
 
 
 def debian_image(base: str, command: str, name: str, context: Path) -> str:
@@ -115,6 +129,7 @@ def project(image, standin, model, tmp_path_factory):
         "K3_API_PORT": str(api_port),
         "PROMETHEUS_PORT": str(prometheus_port),
         "K3_STOP_GRACE_SECONDS": "60",
+        "K3_STALL_SECONDS": str(STALL_SECONDS),
         "K3_API_KEY_SECRET": str(secret_file(tmp / "api-key", SECRETS["api_key"])),
         "K3_API_KEY_FILE": "/run/secrets/k3_api_key",
         "HF_TOKEN_SECRET": str(secret_file(tmp / "hf-token", SECRETS["hf_token"])),
@@ -268,3 +283,146 @@ def test_compiled_triton_kernels_land_in_the_cache_volume(project):
     volume = json.loads(docker("volume", "inspect", f"{PROJECT}_k3-cache").stdout)[0]
     cached = list(Path(volume["Mountpoint"], "triton").rglob("*.json"))
     assert cached, f"nothing under the volume's triton/ after compiling {kernel_hash}"
+
+
+# The stall watchdog against a really stopped engine, under compose's restart
+# policy. K3_STALL_SECONDS is STALL_SECONDS here (the fixture sets it); every
+# test above ran with the watchdog armed too.
+def wait_healthy_again(server: str, restarts: int) -> None:
+    wait_for(
+        f"restart {restarts}",
+        lambda: container_state(server)["RestartCount"] >= restarts,
+        180,
+        lambda: server_logs(server)[-4000:],
+    )
+    wait_for(
+        "healthy again",
+        lambda: (
+            container_state(server)["State"].get("Health", {}).get("Status")
+            == "healthy"
+        ),
+        480,
+        lambda: server_logs(server)[-4000:],
+    )
+
+
+def test_an_idle_server_is_not_stalled(project):
+    server = project["server"]
+    restarts = container_state(server)["RestartCount"]
+    time.sleep(3 * STALL_SECONDS)
+    assert health(server) == "healthy"
+    assert container_state(server)["RestartCount"] == restarts
+    assert "the engine stalled" not in server_logs(server)
+
+
+def test_a_slow_but_progressing_engine_is_not_stalled(project):
+    """The engine core stopped for 0.6 x K3_STALL_SECONDS at a time, then let
+    run for 2 s, under four streams: every gap is slower than any real step
+    and shorter than the stall time."""
+    server = project["server"]
+    engine = vllm_processes(server)["VLLM::EngineCore"]
+    streams = Streams(project["api"], 4, SECRETS["api_key"])
+    streams.wait_started()
+    deadline = time.monotonic() + 3 * STALL_SECONDS
+    while time.monotonic() < deadline:
+        signal_process(server, engine, "STOP")
+        time.sleep(0.6 * STALL_SECONDS)
+        signal_process(server, engine, "CONT")
+        time.sleep(2)
+    streams.join(300)
+    assert all(streams.done), streams.tokens
+    assert "the engine stalled" not in server_logs(server)
+    assert health(server) == "healthy"
+
+
+@pytest.mark.parametrize("stopped", ["VLLM::EngineCore", "VLLM::Worker"])
+def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stopped):
+    """SIGSTOP to the engine core (or its worker) with four streams in flight:
+    within K3_STALL_SECONDS and a few looks the health check says stalled,
+    every vLLM process's stacks are in the log and on the cache volume, the
+    container exits 5 and compose starts it again, healthy."""
+    server = project["server"]
+    restarts = container_state(server)["RestartCount"]
+    processes = vllm_processes(server)
+    [pid] = [pid for name, pid in processes.items() if name.startswith(stopped)]
+    streams = Streams(project["api"], 4, SECRETS["api_key"])
+    streams.wait_started()
+    health_lines: list[str] = []
+    watching = threading.Event()
+
+    def watch_health() -> None:
+        while not watching.is_set():
+            result = docker(
+                "exec", server, "python3", "-m", "k3rocm.health", check=False
+            )
+            if "stalled" in result.stdout:
+                health_lines.append(result.stdout.strip())
+                return
+
+    started = time.monotonic()
+    signal_process(server, pid, "STOP")
+    watcher = threading.Thread(target=watch_health, daemon=True)
+    watcher.start()
+    wait_for(
+        "the stop for a stall",
+        lambda: "container stopped: the engine stalled" in server_logs(server),
+        STALL_SECONDS + 120,
+        lambda: server_logs(server)[-4000:],
+    )
+    stopped_after = time.monotonic() - started
+    watching.set()
+    log = server_logs(server)
+    run = log[log.rindex("capturing the stacks of") :]
+    # Caught within the stall time plus the watchdog's looks and the capture.
+    assert stopped_after < STALL_SECONDS + 60, stopped_after
+    assert health_lines and health_lines[0].startswith(
+        "unhealthy: the engine stalled since "
+    ), health_lines
+    blocks = re.findall(
+        r"===== k3rocm stacks pid (\d+) (\S+) \(([^)]*)\) =====\n(.*?)\n"
+        r"===== end of k3rocm stacks pid \1 =====",
+        run,
+        re.S,
+    )
+    by_role = {role: body for _, _, role, body in blocks}
+    assert {"vLLM main process", "engine core", "worker"} <= set(by_role), run[:3000]
+    # A frame of vLLM's engine loop, not just a header.
+    assert "run_busy_loop" in by_role["engine core"], by_role["engine core"]
+    assert "(exit 5)" in run
+    reason = re.search(r"container stopped: (.*) \(exit 5\)", run).group(1)
+    assert "the engine stalled: no engine step for" in reason
+    assert "request(s)" in reason
+    wait_healthy_again(server, restarts + 1)
+    kept = docker(
+        "exec", server, "sh", "-c", "cat /home/k3/.cache/k3rocm/forensics/stacks-*"
+    ).stdout
+    assert f"{stopped}" in kept and "run_busy_loop" in kept
+    print(f"{stopped}: stopped to exit-5 log line in {stopped_after:.1f} s")
+
+
+def test_a_killed_engine_core_is_still_a_counted_restart(project):
+    """SIGKILL is no stall: the API server exits, the guard counts a death and
+    vLLM starts again inside the same container."""
+    server = project["server"]
+    restarts = container_state(server)["RestartCount"]
+    counted = "vLLM exited unasked; restart 1 of 3"
+    before = server_logs(server).count(counted)
+    engine = vllm_processes(server)["VLLM::EngineCore"]
+    signal_process(server, engine, "KILL")
+    wait_for(
+        "a counted restart",
+        lambda: server_logs(server).count(counted) > before,
+        120,
+        lambda: server_logs(server)[-4000:],
+    )
+    wait_for("vLLM answering again", lambda: _health_status(project["api"]) == 200, 300)
+    assert container_state(server)["RestartCount"] == restarts
+    after_kill = server_logs(server).rsplit(counted, 1)[1]
+    assert "the engine stalled" not in after_kill
+
+
+def _health_status(api: str) -> int | None:
+    try:
+        return http(f"{api}/health", timeout=5)[0]
+    except OSError:
+        return None

@@ -160,17 +160,27 @@ def test_vllm_dying_repeatedly_exits_3(container):
 
 
 def test_vllm_failing_at_start_is_fatal_and_exits_3(container):
-    """Settings the launcher refuses make vLLM die at once on every try:
+    """A vLLM that dies at once on every try (a command that exits 1):
     supervisord gives up (FATAL) and so does the container."""
-    tree = container(K3_PROFILE="no-such-profile", K3_VLLM_MAX_RESTARTS="1")
+    tree = container(K3_VLLM_COMMAND="/bin/false", K3_VLLM_MAX_RESTARTS="1")
     assert tree.wait_exit(120) == EXIT_VLLM
-    assert "serve-kimi-k3: error" in tree.log
-    # Within K3_VLLM_START_SECONDS supervisord gives up (FATAL); a launcher
-    # slower than that (it imports vLLM's parser for K3_EXTRA_ARGS) is a
-    # running vLLM dying, counted by the guard. Exit 3 either way.
-    assert re.search(
-        r"stopping the container: vLLM (failed to start|died 2 times)", tree.log
+    assert "stopping the container: vLLM failed to start" in tree.log
+
+
+def test_settings_the_launcher_refuses_end_the_container_at_once_with_2(container):
+    """Refused settings are the operator's to fix: one line each and exit 2
+    before anything starts, never retried as crashes."""
+    started = time.monotonic()
+    tree = container(K3_PROFILE="no-such-profile", K3_FEATURES="nonsense")
+    assert tree.wait_exit(60) == 2
+    assert time.monotonic() - started < 30
+    refused = [line for line in tree.log.splitlines() if "cannot start: " in line]
+    assert any("K3_PROFILE" in line and "no-such-profile" in line for line in refused)
+    assert refused[-1].endswith(
+        "fix the settings above, then start the container again"
     )
+    assert "supervisord started" not in tree.log and "exited unasked" not in tree.log
+    assert session_processes(tree.process.pid) == []
 
 
 def test_a_killed_supervisord_gives_exit_137_and_says_so(container):

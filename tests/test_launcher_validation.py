@@ -301,6 +301,33 @@ def test_model_directory_without_config_json(node):
     assert_rejected(node, result, "which has no config.json", "top directory")
 
 
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"{", "is not valid JSON"),
+        (b"\xff\xfe", "is not valid JSON"),
+        (b"[1, 2]", "holds a JSON list, not an object"),
+        (b"", "is not valid JSON"),
+    ],
+)
+def test_model_config_json_that_vllm_cannot_parse(node, content, says):
+    (node.model / "config.json").write_bytes(content)
+    result = node.run()
+    assert_rejected(node, result, "config.json", says, "restore the checkpoint's")
+
+
+def test_model_config_json_this_user_cannot_read(node, locked_dir):
+    model = locked_dir.parent / "Kimi-K3"
+    model.mkdir(mode=0o755)
+    (model / "config.json").write_text("{}")
+    (model / "config.json").chmod(0o600)
+    env = node.env(K3_MODEL=str(model), K3_GPU_COUNT="8")
+    code, out, err = run_unprivileged(env)
+    assert_refused_cleanly(
+        code, out, err, "config.json", "cannot be read (Permission denied)"
+    )
+
+
 @pytest.mark.parametrize("mode", [0o644, 0o604])
 def test_world_readable_api_key_file(node, mode):
     node.key_file.chmod(mode)

@@ -13,7 +13,15 @@ import contextlib
 import re
 
 import pytest
-from docker_images import Container, docker, http, run_container
+from docker_images import (
+    Container,
+    Streams,
+    docker,
+    http,
+    run_container,
+    signal_process,
+    vllm_processes,
+)
 
 from k3rocm.guard import LOST_NODE0_SECONDS
 
@@ -21,9 +29,10 @@ pytestmark = pytest.mark.docker
 NETWORK = "k3rocm-test-nodes"
 NODE0 = "k3rocm-test-node0"
 NODE1 = "k3rocm-test-node1"
+STALL_SECONDS = 20
 
 
-def _node(image, model, name: str, rank: int) -> Container:
+def _node(image, model, name: str, rank: int, env: dict[str, str]) -> Container:
     return run_container(
         image,
         model,
@@ -35,13 +44,15 @@ def _node(image, model, name: str, rank: int) -> Container:
             "K3_MASTER_ADDR": NODE0,
             # One core each for the two CPU ranks of this 2-core machine.
             "VLLM_CPU_OMP_THREADS_BIND": str(rank),
+            **env,
         },
-        extra=("--network", NETWORK, "--hostname", name),
+        # SYS_PTRACE: the stall watchdog's stack capture (compose grants it).
+        extra=("--network", NETWORK, "--hostname", name, "--cap-add", "SYS_PTRACE"),
     )
 
 
 @contextlib.contextmanager
-def two_nodes(image, model):
+def two_nodes(image, model, env: dict[str, str] | None = None):
     """Node 0 and node 1, both healthy."""
     # What an interrupted run left: containers first, then their network.
     docker("rm", "-f", "-v", NODE0, NODE1, check=False)
@@ -49,8 +60,8 @@ def two_nodes(image, model):
     docker("network", "create", NETWORK)
     started: list[Container] = []
     try:
-        started.append(_node(image, model, NODE0, 0))
-        started.append(_node(image, model, NODE1, 1))
+        started.append(_node(image, model, NODE0, 0, env or {}))
+        started.append(_node(image, model, NODE1, 1, env or {}))
         for node in started:
             node.wait_healthy(600)
         yield started
@@ -116,16 +127,37 @@ def test_stopping_node_1_stops_node_0_with_one_reason(nodes):
     )
 
 
-def test_stopping_node_0_stops_node_1_with_one_reason(image, model):
-    """vLLM on a headless node waits for a dead node 0 forever; the guard
-    stops the container once node 0 has been gone for 15 s."""
-    with two_nodes(image, model) as (node0, node1):
-        docker("stop", node0.name, timeout=180)
-        assert node0.state()["ExitCode"] == 0
-        assert node1.wait_exit(120) == 3
+def test_a_worker_stopped_on_node_1_stalls_node_0_and_both_exit_with_reasons(
+    image, model
+):
+    """SIGSTOP to the vLLM worker on node 1 during requests: node 0's engine
+    waits for it in a collective, so node 0's watchdog finds the stall, dumps
+    its own stacks and exits 5. vLLM on node 1 would then wait for a dead
+    node 0 forever; its guard dumps node 1's stacks (the stopped worker's
+    among them) and stops the container once node 0 has been gone for 15 s."""
+    with two_nodes(image, model, {"K3_STALL_SECONDS": str(STALL_SECONDS)}) as (
+        node0,
+        node1,
+    ):
+        [worker] = [
+            pid
+            for name, pid in vllm_processes(node1.name).items()
+            if name.startswith("VLLM::Worker")
+        ]
+        streams = Streams(node0.base_url, 2)
+        streams.wait_started()
+        signal_process(node1.name, worker, "STOP")
+        assert node0.wait_exit(STALL_SECONDS + 120) == 5
+        reasons = stop_reasons(node0)
+        assert len(reasons) == 1 and "the engine stalled" in reasons[0], reasons
+        assert "(engine core) =====" in node0.logs()
+        assert node1.wait_exit(LOST_NODE0_SECONDS + 120) == 3
         reasons = stop_reasons(node1)
         assert len(reasons) == 1, reasons
         assert (
             f"headless node 1 lost its connection to node 0 at {NODE0}:29501 "
             f"for {LOST_NODE0_SECONDS} s" in reasons[0]
         )
+        dumped = node1.logs()
+        assert f"===== k3rocm stacks pid {worker} VLLM::Worker" in dumped
+        assert f"===== end of k3rocm stacks pid {worker} =====" in dumped

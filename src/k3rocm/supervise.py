@@ -49,6 +49,7 @@ from k3rocm.contract import (
 from k3rocm.drain import wait_drained, write_drain_mark
 from k3rocm.guard import EXIT_SMOKE, EXIT_VLLM, listen, log
 from k3rocm.jit_locks import sweep as sweep_jit_locks
+from k3rocm.launcher.__main__ import check as check_launch
 from k3rocm.setting_table import (
     RUN_DIR,
     SMOKE_STAGE1_TIMEOUT,
@@ -111,6 +112,14 @@ def run() -> int:
         status_settings(os.environ)
     except (InvalidGrace, BadAddress, ValueError) as err:
         log(f"cannot start: {err}")
+        return EXIT_USAGE
+    # What the launcher would refuse, refused now: once, at once, with exit 2,
+    # not as a vLLM that supervisord retries and the guard counts as crashes.
+    _, _, problems = check_launch([], os.environ)
+    if problems:
+        for problem in problems:
+            log(f"cannot start: {problem}")
+        log("cannot start: fix the settings above, then start the container again")
         return EXIT_USAGE
     os.environ[STOPWAIT_ENV] = str(budget.stopwait_seconds)
     directory = run_dir()

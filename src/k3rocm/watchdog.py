@@ -26,6 +26,7 @@ killed and the container exits 5 (k3rocm.guard).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -60,7 +61,6 @@ from k3rocm.forensics import capture, forensics_dir
 from k3rocm.guard import EXIT_STALL, log, record_stop_reason, stop_supervisord
 from k3rocm.node import headless_node
 from k3rocm.setting_table import API_KEY_FILE, SERVED_MODEL_NAME, STALL_SECONDS
-from k3rocm.smoke.http import Http
 
 MIN_STALL_SECONDS, MAX_STALL_SECONDS = 5, 86400
 METRICS_TIMEOUT_SECONDS = 5
@@ -224,8 +224,17 @@ class Probe:
     """One one-token completion at a time, in the background: a live engine
     answers it with a step."""
 
-    def __init__(self, http: Http, model: str, timeout: float):
-        self.http, self.model, self.timeout = http, model, timeout
+    def __init__(self, base_url: str, api_key: str | None, model: str, timeout: float):
+        body = {"model": model, "prompt": "ping", "max_tokens": 1}
+        headers = {"Content-Type": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self.request = urllib.request.Request(
+            f"{base_url}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers=headers,
+        )
+        self.timeout = timeout
         self.thread: threading.Thread | None = None
 
     def send(self) -> None:
@@ -235,9 +244,9 @@ class Probe:
         self.thread.start()
 
     def _run(self) -> None:
-        body = {"model": self.model, "prompt": "ping", "max_tokens": 1}
         try:
-            self.http.post("/v1/completions", body, timeout=self.timeout)
+            with urllib.request.urlopen(self.request, timeout=self.timeout) as answer:
+                answer.read()
         except (OSError, urllib.error.URLError, ValueError):
             pass  # judged by the steps it causes, not by its answer
 
@@ -277,9 +286,8 @@ def on_stall(directory: Path, stall: Stall, now: float, group: int | None) -> No
     stop_supervisord()
 
 
-def watch(directory: Path, base_url: str, stall: int, http: Http, model: str) -> None:
+def watch(directory: Path, base_url: str, stall: int, probe: Probe) -> None:
     judge = StallJudge(stall)
-    probe = Probe(http, model, timeout=stall)
     metrics_url = f"{base_url}/metrics"
     group, armed = None, False
     while True:
@@ -319,8 +327,8 @@ def main() -> int:
         api_key = Path(key_file).read_text().strip() if key_file else None
     except OSError:
         api_key = None  # the smoke test reports an unreadable key file
-    http = Http(base_url, api_key)
-    watch(run_dir(), base_url, stall, http, SERVED_MODEL_NAME.text(os.environ))
+    probe = Probe(base_url, api_key, SERVED_MODEL_NAME.text(os.environ), stall)
+    watch(run_dir(), base_url, stall, probe)
     threading.Event().wait()  # the guard stops the container
     return 0
 

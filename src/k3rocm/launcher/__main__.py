@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from k3rocm.launcher.command import build_launch, dry_run_text
-from k3rocm.launcher.settings import raw_settings, resolve_all
+from k3rocm.launcher.settings import LaunchSettings, raw_settings, resolve_all
 from k3rocm.launcher.validation import inspect_machine
 
 EXIT_INVALID_SETTINGS = 2
@@ -16,14 +16,22 @@ EXIT_INVALID_SETTINGS = 2
 EXIT_NOT_FOUND = 127
 
 
-def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+def check(
+    argv: Sequence[str], environ: Mapping[str, str]
+) -> tuple[LaunchSettings, str | None, list[str]]:
+    """The settings, the API key and every problem with them: what the launch
+    would refuse. ``k3rocm.supervise run`` asks this before anything starts."""
     raw, passthrough = raw_settings(argv, environ)
     resolution = resolve_all(raw, passthrough)
     settings = resolution.settings
     # The machine is looked at even when settings are wrong, so one run
     # reports every problem; checks building on a refused setting are skipped.
     api_key, machine_problems = inspect_machine(settings, environ, resolution.invalid)
-    problems = [*resolution.problems, *machine_problems]
+    return settings, api_key, [*resolution.problems, *machine_problems]
+
+
+def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    settings, api_key, problems = check(argv, environ)
     if problems:
         for problem in problems:
             _print_error(f"serve-kimi-k3: error: {problem}")

@@ -3,6 +3,7 @@ the GPUs visible here and the inherited environment."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -18,6 +19,8 @@ from k3rocm.launcher.settings import InvalidSettings, LaunchSettings, label, sho
 MODEL_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 # Far beyond any API key; a larger file is something else.
 MAX_KEY_FILE_BYTES = 64 * 1024
+# Far beyond any model's config.json.
+MAX_CONFIG_BYTES = 16 * 2**20
 # Settings the GPU count check builds on.
 GPU_CHECK_INPUTS = frozenset({"profile", "num_nodes", "gpu_count", "dri_dir"})
 # Settings the address checks build on.
@@ -112,6 +115,38 @@ def _check_model_path(model: str, problems: list[str]) -> None:
             f"{label('model')} is {shown(model)}, which has no config.json; point "
             "it at the checkpoint's top directory (the one holding config.json "
             "and the weights)."
+        )
+    else:
+        _check_config_json(directory / "config.json", problems)
+
+
+def _check_config_json(path: Path, problems: list[str]) -> None:
+    """vLLM reads config.json first thing; a file it cannot read or parse
+    would end in tracebacks and retried starts instead of one line."""
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ValueError(f"larger than {MAX_CONFIG_BYTES // 2**20} MiB")
+        config = json.loads(data)
+    except OSError as error:
+        problems.append(
+            f"{label('model')}'s {shown(str(path))} cannot be read "
+            f"({os.strerror(error.errno) if error.errno else error}); make it "
+            "readable for this user (uid 1000 in the image)."
+        )
+        return
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError included
+        problems.append(
+            f"{label('model')}'s {shown(str(path))} is not valid JSON "
+            f"({str(error)[:200]}); restore the checkpoint's config.json."
+        )
+        return
+    if not isinstance(config, dict):
+        problems.append(
+            f"{label('model')}'s {shown(str(path))} holds a JSON "
+            f"{type(config).__name__}, not an object; restore the checkpoint's "
+            "config.json."
         )
 
 
