@@ -120,6 +120,8 @@ def start_container_tree(
         **SERVE_ENV,
         "K3_RUN_DIR": str(run_dir),
         "K3_SMOKE_REPORT": str(run_dir / "smoke-report.json"),
+        # Beside the run directory: it outlives it, as the cache volume does.
+        "K3_FORENSICS_DIR": str(tmp / "forensics"),
         "K3_SUPERVISORD_CONF": str(REPO / "docker" / "supervisord.conf"),
         "K3_PROFILE": "cpu-dev",
         "K3_MODEL": str(build_tiny_llama(tmp / "model")),

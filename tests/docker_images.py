@@ -260,7 +260,8 @@ STREAM_TOKENS = 480
 
 
 def vllm_processes(container: str) -> dict[str, int]:
-    """comm -> pid of the container's processes (the image has no ps)."""
+    """comm -> pid of vLLM's named processes (the image has no ps). comm is
+    cut at 15 characters: VLLM::EngineCor, VLLM::Worker_TP..."""
     listing = docker(
         "exec",
         container,

@@ -157,7 +157,7 @@ def test_corrupted_last_patch_leaves_tree_unchanged(pristine, tmp_path):
     series = tmp_path / "series"
     shutil.copytree(SERIES.directory, series)
     last = series / SERIES.patches[-1].name
-    context = "         m = attn_metadata_narrowed"  # a context line of the patch
+    context = "         scale = k.shape[-1] ** -0.5"  # a context line of the patch
     assert last.read_text().count(context) == 1
     last.write_text(last.read_text().replace(context, "         m = corrupted_line"))
     assert_refused(

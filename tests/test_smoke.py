@@ -11,7 +11,7 @@ import pytest
 from vllm_trees import SERIES, copy_tree, installed_root, patched_tree
 
 from k3rocm.chunk_reference import CHUNK_SIZE
-from k3rocm.guard import EXIT_SMOKE, EXIT_VLLM, Guard
+from k3rocm.guard import EXIT_SMOKE, EXIT_USAGE, EXIT_VLLM, Guard
 from k3rocm.smoke.kernel_checks import KERNEL_BATTERY, compare_with_reference
 from k3rocm.smoke.report import Stage
 from k3rocm.smoke.settings import Settings
@@ -94,7 +94,13 @@ def test_unknown_failure_policy_is_refused():
         Settings.from_env({"K3_SMOKE_ON_FAILURE": "ignore"})
 
 
-def test_guard_bounds_vllm_restarts_and_stops_on_a_failed_smoke(tmp_path):
+def test_guard_bounds_vllm_restarts_and_stops_on_a_failed_smoke(tmp_path, monkeypatch):
+    report = tmp_path / "smoke-report.json"
+    report.write_text(
+        '{"stages": {"stage1": {"checks": [{"name": "device kernel", '
+        '"status": "fail"}, {"name": "patch marker", "status": "pass"}]}}}'
+    )
+    monkeypatch.setenv("K3_SMOKE_REPORT", str(report))
     deaths = tmp_path / "vllm-deaths"
     guard = Guard(max_restarts=2, deaths_file=deaths)
     exited = "PROCESS_STATE_EXITED"
@@ -104,7 +110,9 @@ def test_guard_bounds_vllm_restarts_and_stops_on_a_failed_smoke(tmp_path):
     fresh = tmp_path / "fresh"
     assert Guard(2, fresh).judge("PROCESS_STATE_FATAL", "vllm", False)[0] == EXIT_VLLM
     assert Guard(2, fresh).judge(exited, "smoke", expected=True) is None
-    assert Guard(2, fresh).judge(exited, "smoke", expected=False)[0] == EXIT_SMOKE
+    code, reason = Guard(2, fresh).judge(exited, "smoke", expected=False)
+    assert code == EXIT_SMOKE
+    assert "K3_SMOKE_ON_FAILURE=stop: stage1 device kernel (report kept" in reason
 
 
 def test_guard_counts_a_vllm_exit_with_status_0(tmp_path):
@@ -136,5 +144,5 @@ def test_a_smoke_that_could_not_run_is_named_so(tmp_path, monkeypatch):
     code, reason = Guard(1, tmp_path / "d").judge(
         "PROCESS_STATE_EXITED", "smoke", False
     )
-    assert code == EXIT_SMOKE
+    assert code == EXIT_USAGE
     assert "could not run" in reason and "K3_SMOKE_ON_FAILURE=stop" not in reason

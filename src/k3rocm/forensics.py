@@ -67,10 +67,21 @@ def process_group_members(group: int, proc: Path = Path("/proc")) -> list[Proces
         fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[2]) != group:
             continue
+        name = _title(entry) or name
         pid = int(entry.name)
         role = "vLLM main process" if pid == group else _role(name)
         members.append(Process(pid, name, role))
     return sorted(members, key=lambda p: (p.pid != group, p.pid))
+
+
+def _title(entry: Path) -> str | None:
+    """vLLM's process title (``VLLM::EngineCore``, set in its command line);
+    comm cuts names at 15 characters."""
+    try:
+        first = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return first.split()[0] if first.startswith("VLLM::") else None
 
 
 def _role(name: str) -> str:

@@ -2,7 +2,9 @@
 (``python -m k3rocm.supervise listen``), which decides from each process
 event whether the container must stop, and with which exit code.
 
-Exit codes (``k3rocm.supervise run`` exits with them): 3 vLLM could not be
+Exit codes (``k3rocm.supervise run`` exits with them): 2 the smoke test
+could not run (its settings or environment; a start after the fix loads
+again); 3 vLLM could not be
 kept running (fatal at start; more than ``K3_VLLM_MAX_RESTARTS`` deaths;
 any death on a node of a multi-node job, which cannot rejoin alone; or, on
 a headless node, node 0 gone for ``LOST_NODE0_SECONDS``, which vLLM there
@@ -30,10 +32,11 @@ from k3rocm.contract import (
     smoke_report_path,
 )
 from k3rocm.forensics import capture, forensics_dir
+from k3rocm.json_file import UnreadableJson, read_json_file
 from k3rocm.node import Node, connected_to, node_from_env
 from k3rocm.setting_table import VLLM_MAX_RESTARTS
 
-EXIT_VLLM, EXIT_SMOKE, EXIT_STALL = 3, 4, 5
+EXIT_USAGE, EXIT_VLLM, EXIT_SMOKE, EXIT_STALL = 2, 3, 4, 5
 # A headless node whose connection to node 0 stays gone this long after it
 # joined has lost the job: its vLLM would wait for node 0 forever.
 LOST_NODE0_SECONDS = 15
@@ -43,6 +46,21 @@ def log(message: str) -> None:
     """One line on stderr, prefixed as every message of the supervisor tree
     (the guard and the supervisor main process) is."""
     print(f"k3rocm.supervise: {message}", file=sys.stderr, flush=True)
+
+
+def failed_checks(report: Path) -> str:
+    """The failed checks' names as the report lists them, for a reason line."""
+    try:
+        document = read_json_file(report)
+        names = [
+            f"{stage_name} {check['name']}"
+            for stage_name, stage in document["stages"].items()
+            for check in stage["checks"]
+            if check["status"] == "fail"
+        ]
+    except (FileNotFoundError, UnreadableJson, KeyError, TypeError, AttributeError):
+        return f"see {report}"
+    return ", ".join(names)[:300] or f"see {report}"
 
 
 class Guard:
@@ -112,12 +130,18 @@ class Guard:
         ):
             report = smoke_report_path()
             if not report.is_file():
-                return EXIT_SMOKE, (
+                # It stopped before its first check: its settings or its
+                # environment (said in its own log line), not the path.
+                return EXIT_USAGE, (
                     "the smoke test could not run (no report at "
-                    f"{report}; its error is logged above)"
+                    f"{report}; its error is logged above); fix it and start "
+                    "the container again"
                 )
             return EXIT_SMOKE, (
-                f"smoke test failed under K3_SMOKE_ON_FAILURE=stop (see {report})"
+                "smoke test failed under K3_SMOKE_ON_FAILURE=stop: "
+                f"{failed_checks(report)} (report kept in K3_FORENSICS_DIR); "
+                "this container will not load the model again: fix the cause, "
+                "then recreate it (docker compose up -d --force-recreate)"
             )
         return None
 

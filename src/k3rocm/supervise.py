@@ -47,7 +47,7 @@ from k3rocm.contract import (
     run_dir,
 )
 from k3rocm.drain import wait_drained, write_drain_mark
-from k3rocm.guard import EXIT_SMOKE, EXIT_VLLM, listen, log
+from k3rocm.guard import EXIT_SMOKE, EXIT_USAGE, EXIT_VLLM, listen, log
 from k3rocm.jit_locks import sweep as sweep_jit_locks
 from k3rocm.launcher.__main__ import check as check_launch
 from k3rocm.setting_table import (
@@ -61,7 +61,6 @@ from k3rocm.setting_table import (
 from k3rocm.status import status_settings
 from k3rocm.stop_budget import InvalidGrace, StopBudget, budget_from_env
 
-EXIT_USAGE = 2
 # What `run` fills in for the config's %(ENV_...)s and its own programs.
 DEFAULTS = {
     setting.env: env_text(setting.default)

@@ -49,6 +49,15 @@ class Report:
         tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
         os.replace(tmp, path)
 
+    def failures(self) -> list[str]:
+        """One line per failed check: its stage, name and detail."""
+        return [
+            f'{name}: check "{check.name}" failed: {check.detail}'
+            for name, stage in self.stages.items()
+            for check in stage.checks
+            if check.status == Verdict.FAIL
+        ]
+
     def summary(self) -> str:
         parts = []
         for name, stage in self.stages.items():

@@ -1,0 +1,124 @@
+"""The series' precompiled chunk KDA launches (patch 0005,
+src/k3rocm/kernels/kda_chunk_launch.py) in the real patched vLLM 0.27.1
+tree, on the CPU. The launches themselves need a GPU (docs/benchmarks.md,
+benchmarks/gpu_kda_launch.py: bitwise equality with the vendored path and
+Triton's own choice of binaries, per batch); here: the integer
+specialization classes against Triton's own specializer, every launch's
+arguments against its kernel's parameters, and the fallback to the vendored
+path where nothing is compiled (the Triton interpreter)."""
+
+import pytest
+import torch
+import vllm.models.kimi_k3.amd.ops.third_party.kda.chunk as chunk
+import vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch as launch
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.compiler import BaseBackend
+
+from k3rocm.chunk_reference import cu_seqlens_of, reference_chunk_metadata
+
+HEADS, HEAD_DIM = 2, 32
+
+
+def triton_view(value: int, specialized: bool) -> tuple:
+    """What Triton's own specializer makes of an integer argument."""
+    return tuple(native_specialize_impl(BaseBackend, value, False, specialized, True))
+
+
+@pytest.mark.parametrize("specialized", [True, False])
+def test_integer_classes_are_those_triton_specializes_on(specialized):
+    values = [0, 1, 2, 7, 15, 16, 17, 32, 48, 4096, 4097, 2**31 - 16, 2**31, 2**40]
+    values += [-1, -16, -(2**31), -(2**31) - 1]
+    by_class: dict[int, set] = {}
+    for value in values:
+        by_class.setdefault(launch.int_class(value, specialized), set()).add(
+            triton_view(value, specialized)
+        )
+    # One Triton view per class, and different classes, different views.
+    assert all(len(views) == 1 for views in by_class.values())
+    views = [next(iter(v)) for v in by_class.values()]
+    assert len(set(views)) == len(views)
+
+
+def batch(seq_lens, lower_bound):
+    total = sum(seq_lens)
+    g = torch.Generator().manual_seed(len(seq_lens))
+
+    def randn(*size, dtype=torch.bfloat16):
+        return torch.randn(*size, generator=g, dtype=dtype)
+
+    cu = cu_seqlens_of(seq_lens)
+    indices, offsets = reference_chunk_metadata(seq_lens)
+    shape = (1, total, HEADS, HEAD_DIM)
+    return (
+        randn(*shape), randn(*shape), randn(*shape), randn(*shape),
+        randn(1, total, HEADS), randn(HEADS, dtype=torch.float32),
+        randn(HEADS * HEAD_DIM, dtype=torch.float32), None,
+        randn(len(seq_lens), HEADS, HEAD_DIM, HEAD_DIM, dtype=torch.float32),
+        True, lower_bound, True, cu, indices, offsets,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("lower_bound", [-5.0, None], ids=["safe-gate", "no-bound"])
+def test_every_launch_passes_its_kernels_parameters(lower_bound):
+    """_forward's arguments, site by site, line up with the vendored
+    kernels' parameter lists: the count, and the tensors the vendored code
+    passes by name in the places those names have."""
+    args = batch([1, 70, 0, 3], lower_bound)
+    prepared = launch.prepare(*args)
+    consts = {
+        f"{s}_{n}": 64 for s, names in launch._CONFIG_VALUES.items() for n in names
+    }
+    consts.update(launch._platform_constants(), l2norm_q_BD=32, l2norm_k_BD=32)
+    consts.update(intra_BK=32, intra_BH=1)
+    seen = {}
+
+    def record(site, grid, *kernel_args):
+        jit, _ = launch.unwrap(launch.site_kernel(site, lower_bound))
+        assert len(kernel_args) == len(jit.arg_names), site
+        named = dict(zip(jit.arg_names, kernel_args, strict=True))
+        assert all(n >= 0 for n in grid) and len(grid) == 3
+        seen[site] = named
+
+    out, state = launch._forward(record, consts, *prepared)
+    assert list(seen) == list(launch.SITES)
+    cu, indices, offsets = args[12:]
+    for site, named in seen.items():
+        if "cu_seqlens" in named:
+            assert named["cu_seqlens"] is cu, site
+        if "chunk_indices" in named:
+            assert named["chunk_indices"] is indices, site
+        if "T" in named:
+            assert named["T"] == sum([1, 70, 0, 3]), site
+    assert seen["delta_h"]["chunk_offsets"] is offsets
+    assert seen["delta_h"]["h0"] is prepared[8]
+    assert seen["output"]["o"] is prepared[2] is out  # written over v
+    assert seen["delta_h"]["ht"] is state
+    assert seen["gate"]["USE_LOWER_BOUND"] is (lower_bound is not None)
+    assert seen["inter_solve"]["USE_SAFE_GATE"] is (lower_bound is not None)
+    # The l2norm outputs are what every later kernel reads as q and k.
+    assert seen["output"]["q"] is seen["l2norm_q"]["Y"]
+    assert seen["recompute_w_u"]["k"] is seen["l2norm_k"]["Y"]
+
+
+def test_interpreter_runs_the_vendored_path_with_the_same_arguments(monkeypatch):
+    """Where nothing is compiled (TRITON_INTERPRET=1, as here) every call
+    with metadata goes to the vendored function, arguments unchanged."""
+    assert launch.DIRECT is False
+    calls = []
+
+    def vendored(*call_args):
+        calls.append(call_args)
+        return "vendored"
+
+    monkeypatch.setattr(chunk, "vendored_chunk_kda_with_fused_gate", vendored)
+    args = batch([5, 64], -5.0)
+    before = dict(launch.STATS)
+    assert chunk.chunk_kda_with_fused_gate(*args) == "vendored"
+    (call,) = calls
+    assert all(a is b for a, b in zip(call, args, strict=True))
+    assert launch.STATS["vendored_calls"] == before["vendored_calls"] + 1
+    assert launch.STATS["plans_made"] == before["plans_made"]
+    # Without metadata the vendored function is called directly.
+    no_metadata = (*args[:13], None, None)
+    assert chunk.chunk_kda_with_fused_gate(*no_metadata) == "vendored"
+    assert launch.STATS["vendored_calls"] == before["vendored_calls"] + 1
