@@ -35,7 +35,11 @@ KERNEL_FILES = [
     ),
 ]
 SERIES_MODULE = "vllm/models/kimi_k3/amd/kda_metadata.py"
-SERIES_MODULES = [SERIES_MODULE, "vllm/models/kimi_k3/amd/kda_metadata_kernel.py"]
+SERIES_MODULES = [
+    SERIES_MODULE,
+    "vllm/models/kimi_k3/amd/kda_metadata_kernel.py",
+    "vllm/models/kimi_k3/amd/ops/third_party/kda/kda_chunk_launch.py",
+]
 # The last commit before the kernel became a source file (gpu_ablation.py
 # times its kernel as "previous").
 PREVIOUS = "35938ce"

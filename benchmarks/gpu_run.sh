@@ -25,6 +25,7 @@ run check python3 gpu_check.py >"$OUT/check.out"
 cat "$OUT/check.out"
 run compiles python3 gpu_compiles.py
 run bench python3 gpu_bench.py
+run kda_launch python3 gpu_kda_launch.py
 run ablation python3 gpu_ablation.py
 run smoke python3 -c "
 from kda_harness import load_tree; load_tree('patched')
@@ -58,6 +59,7 @@ report = {
     "gpu_compiles": load("compiles.json"),
     "gpu_bench": load("bench.json"),
     "gpu_ablation": load("ablation.json"),
+    "gpu_kda_launch": load("kda_launch.json"),
 }
 (out / "all.json").write_text(json.dumps(report, indent=1))
 (out / "pristine_kda.pt").unlink(missing_ok=True)

@@ -224,3 +224,23 @@ def test_inspect_refuses_a_tree_with_an_unfinished_journal(pristine):
     assert result.returncode == 0, result.stderr
     assert "finished an interrupted apply" in result.stdout
     assert patchset.inspect(pristine, SERIES).state == "applied"
+
+
+@pytest.mark.parametrize("command", ["apply", "check"])
+def test_a_directory_symlinked_out_of_the_tree_is_refused(pristine, tmp_path, command):
+    """vllm/v1/attention/backends leads to a directory elsewhere: writing
+    through it would patch another tree. Refused, nothing changed there."""
+    backends = pristine / "vllm" / "v1" / "attention" / "backends"
+    elsewhere = tmp_path / "elsewhere" / "backends"
+    elsewhere.parent.mkdir()
+    shutil.move(backends, elsewhere)
+    backends.symlink_to(elsewhere, target_is_directory=True)
+    before = {path: path.read_bytes() for path in elsewhere.rglob("*.py")}
+    stderr = assert_refused(
+        pristine,
+        command,
+        says=[f"{backends} resolves to {elsewhere}, outside the tree", "Nothing was"],
+    )
+    assert "Traceback" not in stderr
+    assert {path: path.read_bytes() for path in elsewhere.rglob("*.py")} == before
+    assert not (pristine / "vllm" / MARKER_NAME).exists()

@@ -1,0 +1,563 @@
+"""The chunk KDA call's host cost (issue 22), on the lent GPU, in one process:
+
+1. where the host time of one vendored call goes (each of its eight Triton
+   launches through the dispatcher, and the Python and tensor work around
+   them), at the step model's shapes and a 4,096-token prefill;
+2. the warm-up of the precompiled launches (kda_chunk_launch.py): seconds,
+   plans, binaries compiled;
+3. outputs and final states of the launched path against the vendored path
+   (vLLM 0.27.1's code, same process, so the same autotuned configurations)
+   on random batches, bitwise, and for every batch that the plan's binaries
+   and configurations are the ones Triton's dispatcher chose for it;
+4. 0 compiles over serving-like steps after the warm-up;
+5. host time per call in interleaved rounds: 0.27.1 (no metadata), k3.3
+   (the vendored path with the series' metadata) and k3.4 (launched);
+6. the step model of gpu_bench.py with k3.3 against k3.4, alternating step
+   by step, with the paired statistic and the share of k3.4 steps in which
+   the GPU waited for the host.
+
+    python3 benchmarks/gpu_kda_launch.py        # needs .gpu/ (gpu_bundle.py)
+"""
+
+import gc
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import gpu_bench as gb  # noqa: E402  (loads the patched tree)
+from kda_harness import (  # noqa: E402
+    HEAD_DIM,
+    HEADS_PER_RANK,
+    REPINS,
+    cu_seqlens,
+    kda_inputs,
+    pin_to_quiet_cpu,
+    repin_to_quiet_cpu,
+)
+from vllm.models.kimi_k3.amd.kda_metadata import (  # noqa: E402
+    prepare_chunk_metadata_device as metadata,
+)
+from vllm.models.kimi_k3.amd.ops.third_party.kda import (  # noqa: E402
+    chunk,
+    kda_chunk_launch,
+)
+
+ROUNDS = gb.ROUNDS
+SHAPES = {
+    "concurrency 8: 7 decodes + 1 x 1k prefill": [1] * 7 + [1024],
+    "concurrency 16: 15 decodes + 1 x 1k prefill": [1] * 15 + [1024],
+    "1 x 4096 prefill": [4096],
+}
+LOWER_BOUND = -5.0
+CALL_ORDER = (
+    "q",
+    "k",
+    "v",
+    "raw_g",
+    "raw_beta",
+    "A_log",
+    "g_bias",
+    "scale",
+    "initial_state",
+    "output_final_state",
+    "lower_bound",
+    "use_qk_l2norm_in_kernel",
+    "cu_seqlens",
+    "chunk_indices",
+    "chunk_offsets",
+)
+
+
+def call_args(inputs, dev, indices, offsets) -> tuple:
+    values = {**inputs, "scale": None, "cu_seqlens": dev}
+    values.update(chunk_indices=indices, chunk_offsets=offsets)
+    return tuple(values[name] for name in CALL_ORDER)
+
+
+def vendored(args):
+    return chunk.vendored_chunk_kda_with_fused_gate(*args)
+
+
+def launched(args):
+    return chunk.chunk_kda_with_fused_gate(*args)
+
+
+def legacy(args):  # 0.27.1's call: no metadata, the kernel rebuilds it
+    return chunk.vendored_chunk_kda_with_fused_gate(*args[:13], None, None)
+
+
+def jit_kernels() -> list:
+    kernels = []
+    for site in kda_chunk_launch.SITES:
+        for bound in (LOWER_BOUND, None):
+            jit, _ = kda_chunk_launch.unwrap(kda_chunk_launch.site_kernel(site, bound))
+            if jit not in kernels:
+                kernels.append(jit)
+    return kernels
+
+
+def binaries() -> int:
+    return sum(
+        len(caches[0]) for jit in jit_kernels() for caches in jit.device_caches.values()
+    )
+
+
+def warm_up() -> dict:
+    before, start = binaries(), time.perf_counter()
+    result = kda_chunk_launch.warm_up_chunk_kda(
+        HEADS_PER_RANK,
+        HEAD_DIM,
+        torch.bfloat16,
+        torch.float32,
+        torch.float32,
+        LOWER_BOUND,
+        "cuda",
+        chunk.vendored_chunk_kda_with_fused_gate,
+    )
+    return {
+        "seconds": time.perf_counter() - start,
+        "plans": result.plans,
+        "plans_made": result.made,
+        "binaries_compiled": binaries() - before,
+        "configs": {
+            str(key[-8:]): plan.configs
+            for key, plan in list(kda_chunk_launch._PLANS.items())[:1]
+        },
+    }
+
+
+def timed_kernels():
+    """Wrap each kernel's outermost dispatcher entry with a timer: returns
+    (samples per site name, undo)."""
+    samples: dict[str, list[float]] = {}
+    undo = []
+    seen = {}
+    for site in kda_chunk_launch.SITES:
+        kernel = kda_chunk_launch.site_kernel(site, LOWER_BOUND)
+        name = "l2norm (q and k)" if site.startswith("l2norm") else site
+        if id(kernel) in seen:
+            continue
+        seen[id(kernel)] = name
+        run = kernel.run
+
+        def timed(*args, _run=run, _name=name, **kwargs):
+            start = time.perf_counter()
+            out = _run(*args, **kwargs)
+            samples.setdefault(_name, []).append(time.perf_counter() - start)
+            return out
+
+        kernel.run = timed
+        undo.append(kernel)
+    return samples, lambda: [k.__dict__.pop("run") for k in undo]
+
+
+def breakdown(lens, reps=200) -> dict:
+    """Host time of one call and of each launch in it (medians, us; the
+    queue empty before each call; GC off)."""
+    inputs = kda_inputs(lens, seed=0)
+    dev, host = cu_seqlens(lens)
+    indices, offsets = metadata(dev, host)
+    args = call_args(inputs, dev, indices, offsets)
+    vendored(args), launched(args), launched(args)
+    repin_to_quiet_cpu()
+    out = {}
+    samples, undo = timed_kernels()
+    whole = []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            vendored(args)
+            whole.append(time.perf_counter() - start)
+    finally:
+        gc.enable()
+        undo()
+    launches = {name: statistics.median(s) * 1e6 for name, s in samples.items()}
+    launches["l2norm (q and k)"] *= 2  # two launches a call
+    total = statistics.median(whole) * 1e6
+    out["vendored (k3.3)"] = {
+        "whole call": total,
+        "launches through Triton's dispatcher": launches,
+        "sum of launches": sum(launches.values()),
+        "Python and tensor work around them": total - sum(launches.values()),
+    }
+    # The launched path: its direct launches timed the same way.
+    key = kda_chunk_launch._call_key(*kda_chunk_launch.prepare(*args))
+    plan = kda_chunk_launch._PLANS[key]
+    direct = {}
+    original = dict(plan.launches)
+
+    def wrap(site, entry):
+        run, function, packed_metadata = entry
+
+        def timed(*launcher_args):
+            start = time.perf_counter()
+            run(*launcher_args)
+            direct.setdefault(site, []).append(time.perf_counter() - start)
+
+        return timed, function, packed_metadata
+
+    plan.launches.update({s: wrap(s, f) for s, f in original.items()})
+    whole, prepared_us = [], []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            prepared = kda_chunk_launch.prepare(*args)
+            kda_chunk_launch._call_key(*prepared)
+            prepared_us.append(time.perf_counter() - start)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            launched(args)
+            whole.append(time.perf_counter() - start)
+    finally:
+        gc.enable()
+        plan.launches.update(original)
+    launches = {s: statistics.median(v) * 1e6 for s, v in direct.items()}
+    total = statistics.median(whole) * 1e6
+    out["launched (k3.4)"] = {
+        "whole call": total,
+        "direct launches": launches,
+        "sum of launches": sum(launches.values()),
+        "argument preparation and plan key": statistics.median(prepared_us) * 1e6,
+        "Python and tensor work around them": total - sum(launches.values()),
+    }
+    return out
+
+
+def random_batch(rng: random.Random, kind: str) -> list[int]:
+    if kind == "empty sequences":
+        lens = [
+            rng.choice([0, 0, 1, rng.randint(1, 300)])
+            for _ in range(rng.randint(1, 40))
+        ]
+    elif kind == "more than 128 sequences":
+        lens = [
+            rng.choice([1, 1, 1, 0, rng.randint(1, 200)])
+            for _ in range(rng.randint(129, 300))
+        ]
+    elif kind == "long prompt":
+        lens = [1] * rng.randint(0, 16) + [rng.randint(4096, 20_000)]
+    else:  # mixed: decodes, prefills, padding at the back
+        lens = (
+            [1] * rng.randint(0, 60)
+            + [
+                int(math.exp(rng.uniform(0, math.log(3000))))
+                for _ in range(rng.randint(1, 4))
+            ]
+            + [0] * rng.choice([0, 0, rng.randint(1, 8)])
+        )
+    rng.shuffle(lens) if kind != "mixed" else None
+    return lens
+
+
+def fresh(args) -> tuple:
+    return tuple(a.clone() if torch.is_tensor(a) else a for a in args)
+
+
+def bitwise(batches=2000) -> dict:
+    """Launched vs vendored on random batches, bitwise; and per batch, the
+    plan's binaries and configurations against Triton's choice for it."""
+    rng = random.Random(22)
+    kinds = ["empty sequences", "more than 128 sequences", "mixed", "long prompt"]
+    counts = {kind: 0 for kind in kinds}
+    counts["offset cu_seqlens view"] = 0
+    mismatches, plan_mismatches, through_plan = [], [], 0
+    for i in range(batches):
+        kind = kinds[i % 4] if i % 20 else "long prompt"
+        lens = random_batch(rng, kind)
+        counts[kind] += 1
+        inputs = kda_inputs(lens, seed=i)
+        host = torch.zeros(len(lens) + 1, dtype=torch.int32)
+        host[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0)
+        if i % 3 == 0:  # cu_seqlens as a view one element into a buffer
+            counts["offset cu_seqlens view"] += 1
+            buffer = torch.zeros(len(lens) + 2, dtype=torch.int32, device="cuda")
+            buffer[1:] = host.cuda()
+            dev = buffer[1:]
+        else:
+            dev = host.cuda()
+        indices, offsets = metadata(dev, host)
+        args = call_args(inputs, dev, indices, offsets)
+        reference = vendored(fresh(args))
+        configs = kda_chunk_launch.chosen_configs(LOWER_BOUND)
+        made = kda_chunk_launch.STATS["vendored_calls"]
+        ours = launched(fresh(args))
+        if kda_chunk_launch.STATS["vendored_calls"] == made:
+            through_plan += 1
+            prepared = kda_chunk_launch.prepare(*fresh(args))
+            plan = kda_chunk_launch._PLANS[kda_chunk_launch._call_key(*prepared)]
+            chosen, _ = kda_chunk_launch.resolve_binaries(prepared, configs)
+            if any(
+                chosen[s] is not plan.binaries[s] for s in kda_chunk_launch.SITES
+            ) or any(configs[s].all_kwargs() != plan.configs[s] for s in configs):
+                plan_mismatches.append(i)
+        if not all(torch.equal(a, b) for a, b in zip(reference, ours, strict=True)):
+            mismatches.append({"batch": i, "kind": kind, "lens": lens[:20]})
+    return {
+        "batches": batches,
+        "by kind": counts,
+        "through a plan": through_plan,
+        "bitwise mismatches": mismatches,
+        "batches whose plan differs from Triton's choice": plan_mismatches,
+    }
+
+
+def compiles_after_warm_up(steps=3000) -> dict:
+    """Serving-like prefill steps (gpu_compiles.serving_mix, the recipe's
+    4,096 tokens and 128 sequences) through the launched path: compiles,
+    vendored calls, host time per call."""
+    from gpu_compiles import serving_mix
+
+    max_tokens, max_seqs = 4096, 128
+    base = kda_inputs([max_tokens + max_seqs], seed=5)
+    state = base["initial_state"].expand(max_seqs, -1, -1, -1).contiguous()
+    before, vendored_before = binaries(), kda_chunk_launch.STATS["vendored_calls"]
+    host_us = []
+    for step, lens in enumerate(serving_mix(steps, max_seqs, max_tokens, seed=3)):
+        if step % 50 == 0:
+            torch.cuda.synchronize()
+        total = sum(lens)
+        inputs = {
+            name: value[:, :total]
+            if name in ("q", "k", "v", "raw_g", "raw_beta")
+            else value
+            for name, value in base.items()
+        }
+        inputs["initial_state"] = state[: len(lens)]
+        dev, host = cu_seqlens(lens)
+        indices, offsets = metadata(dev, host)
+        args = call_args(inputs, dev, indices, offsets)
+        start = time.perf_counter()
+        launched(args)
+        host_us.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
+    ordered = sorted(host_us)
+    return {
+        "steps": steps,
+        "binaries compiled during the steps": binaries() - before,
+        "vendored calls during the steps": kda_chunk_launch.STATS["vendored_calls"]
+        - vendored_before,
+        "host us per call: median / p99 / worst": [
+            statistics.median(host_us),
+            ordered[int(0.99 * steps)],
+            ordered[-1],
+        ],
+    }
+
+
+def host_rounds(lens, calls=40) -> dict:
+    """Host time per call, the three sides alternating call by call (the side
+    that starts rotating), queue empty before each call; per round each
+    side's median."""
+    inputs = kda_inputs(lens, seed=1)
+    dev, host = cu_seqlens(lens)
+    indices, offsets = metadata(dev, host)
+    args = call_args(inputs, dev, indices, offsets)
+    sides = {"0.27.1": legacy, "k3.3": vendored, "k3.4": launched}
+    values = {name: [] for name in sides}
+    names = list(sides)
+    for r in range(ROUNDS + 1):
+        repin_to_quiet_cpu()
+        samples = {name: [] for name in sides}
+        gc.collect()
+        gc.disable()
+        try:
+            for i in range(calls):
+                for j in range(len(names)):
+                    name = names[(i + j + r) % len(names)]
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    sides[name](args)
+                    samples[name].append(time.perf_counter() - start)
+        finally:
+            gc.enable()
+        torch.cuda.synchronize()
+        if r:
+            for name in sides:
+                values[name].append(statistics.median(samples[name]) * 1e6)
+    return gb.summarize(values, "k3.4", ["0.27.1", "k3.3"])
+
+
+def model_step(launch_path, dev, host, inputs, wait_cycles):
+    indices, offsets = metadata(dev, host)
+    args = call_args(inputs, dev, indices, offsets)
+    call = launched if launch_path else vendored
+    for layer in range(gb.LAYERS):
+        if layer % 4 != 3:
+            call(args)
+        torch.cuda._sleep(wait_cycles)
+
+
+def model_rounds(lens, inputs, wait_cycles, gpu_work_ms, steps=gb.MODEL_STEPS):
+    """gpu_bench.model_rounds_alternating with k3.3 (False) against k3.4."""
+    values = {"k3.3": [], "k3.4": []}
+    paired, waited = [], {"k3.3": [], "k3.4": []}
+    for r in range(ROUNDS + 1):
+        repin_to_quiet_cpu()
+        first = bool(r % 2)
+        sides = [first, not first] * steps
+        batches = [cu_seqlens(lens) for _ in sides]
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(len(sides) + 1)]
+        torch.cuda.synchronize()
+        gc.collect()
+        gc.disable()
+        try:
+            for event, side, (dev, host) in zip(events, sides, batches, strict=False):
+                event.record()
+                model_step(side, dev, host, inputs, wait_cycles)
+            events[-1].record()
+            torch.cuda.synchronize()
+        finally:
+            gc.enable()
+        if not r:
+            continue
+        intervals = [events[i].elapsed_time(events[i + 1]) for i in range(len(sides))]
+        by_side = {True: [], False: []}
+        for interval, side in zip(intervals, sides, strict=True):
+            by_side[side].append(interval)
+        for name, side in (("k3.3", False), ("k3.4", True)):
+            values[name].append(statistics.median(by_side[side]))
+            waited[name].append(
+                sum(t > 1.05 * gpu_work_ms for t in by_side[side]) / steps
+            )
+        paired.append(
+            statistics.median(
+                a - b for a, b in zip(by_side[False], by_side[True], strict=True)
+            )
+        )
+    row = gb.summarize(values, "k3.4", ["k3.3"])
+    row["paired (k3.3 - k3.4, ms)"] = {
+        "median": statistics.median(paired),
+        "min": min(paired),
+        "max": max(paired),
+        "rounds": paired,
+        "rounds won by k3.4": f"{sum(d > 0 for d in paired)}/{len(paired)}",
+    }
+    row["share of steps the GPU waited for the host"] = waited
+    return row
+
+
+def step_costs(lens, inputs, wait_cycles, launch_path, reps=5) -> dict:
+    """One step behind 200 ms of queued GPU work: its GPU work, host issue
+    time, and host time per KDA call (gpu_bench.model_step_costs)."""
+    queued = gb.sleep_cycles_for(200.0)
+    dev, host = cu_seqlens(lens)
+    gpu_ms, host_ms = [], []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(queued)
+        start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+        gc.disable()
+        try:
+            issue = time.perf_counter()
+            start.record()
+            model_step(launch_path, dev, host, inputs, wait_cycles)
+            end.record()
+            host_ms.append((time.perf_counter() - issue) * 1e3)
+        finally:
+            gc.enable()
+        end.synchronize()
+        gpu_ms.append(start.elapsed_time(end))
+    return {
+        "gpu_work_ms_per_step": statistics.median(gpu_ms),
+        "host_issue_ms_per_step": statistics.median(host_ms),
+    }
+
+
+def main():
+    import triton
+
+    out_dir = Path(os.environ.get("OUT", "/tmp"))
+    report = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "direct launches available": kda_chunk_launch.DIRECT,
+    }
+
+    def save():
+        report["repins"] = REPINS
+        (out_dir / "kda_launch.json").write_text(
+            json.dumps(report, indent=1, default=str)
+        )
+
+    report["host_cpu"] = pin_to_quiet_cpu()
+    report["warm_up"] = warm_up()
+    print("warm-up", json.dumps(report["warm_up"])[:600], flush=True)
+    save()
+    report["breakdown_us"] = {name: breakdown(lens) for name, lens in SHAPES.items()}
+    print(json.dumps(report["breakdown_us"], indent=1), flush=True)
+    save()
+    report["bitwise"] = bitwise(int(os.environ.get("K3_BITWISE_BATCHES", 2000)))
+    print("bitwise", json.dumps(report["bitwise"])[:600], flush=True)
+    save()
+    report["compiles_after_warm_up"] = compiles_after_warm_up()
+    print("compiles", json.dumps(report["compiles_after_warm_up"]), flush=True)
+    save()
+    report["host_us_per_call"] = {}
+    for name, lens in SHAPES.items():
+        row = host_rounds(lens)
+        report["host_us_per_call"][name] = row
+        print(
+            name, {s: round(row[s]["median"], 1) for s in row}, row["k3.4"], flush=True
+        )
+        save()
+    wait_cycles = gb.sleep_cycles_for(gb.OTHER_GPU_MS / gb.LAYERS)
+    report["step_model_k3.3_vs_k3.4"] = {}
+    for name, lens in gb.MODEL_BATCHES.items():
+        inputs = kda_inputs(lens, seed=0)
+        costs = {
+            side: step_costs(lens, inputs, wait_cycles, side == "k3.4")
+            for side in ("k3.3", "k3.4")
+        }
+        row = model_rounds(
+            lens, inputs, wait_cycles, costs["k3.4"]["gpu_work_ms_per_step"]
+        )
+        row["costs"] = costs
+        report["step_model_k3.3_vs_k3.4"][name] = row
+        print(
+            name,
+            json.dumps(costs),
+            row["paired (k3.3 - k3.4, ms)"]["rounds won by k3.4"],
+            row["share of steps the GPU waited for the host"],
+            flush=True,
+        )
+        save()
+    failures = [
+        claim
+        for claim, holds in {
+            "direct launches": kda_chunk_launch.DIRECT,
+            "bitwise equal": not report["bitwise"]["bitwise mismatches"],
+            "plans are Triton's choice": not report["bitwise"][
+                "batches whose plan differs from Triton's choice"
+            ],
+            "no compile after warm-up": report["compiles_after_warm_up"][
+                "binaries compiled during the steps"
+            ]
+            == 0,
+        }.items()
+        if not holds
+    ]
+    report["failures"] = failures
+    save()
+    sys.exit(f"FAILED: {failures}" if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
