@@ -140,10 +140,31 @@ def _require_vllm_package(target: Path) -> None:
         raise Refusal(f"{target} holds no vllm/ package (no vllm/__init__.py)")
 
 
-def _session(target: Path, must_write: bool, lock_timeout: float, on_wait):
+def _require_inside(target: Path, rels: list[str]) -> None:
+    """Every directory the tool would write in resolves inside the tree: a
+    directory symlink would carry the writes to another tree. (A symlinked
+    file is itself replaced, inside the tree.)"""
+    root = target.resolve()
+    for rel in rels:
+        directory = (target / rel).parent
+        resolved = directory.resolve()
+        if not resolved.is_relative_to(root):
+            raise Refusal(
+                f"{directory} resolves to {resolved}, outside the tree {root}; "
+                "the patch tool writes only inside its tree. Nothing was "
+                "changed: replace the symlink with the directory itself, or "
+                "point --target at the tree it leads to."
+            )
+
+
+def _session(
+    target: Path, series: Series, must_write: bool, lock_timeout: float, on_wait
+):
     """The tree's lock, taken only once the target is known to be a vLLM tree
-    (no lock file is left in a directory that is not one)."""
+    (no lock file is left in a directory that is not one) whose written
+    directories all lie inside it."""
     _require_vllm_package(target)
+    _require_inside(target, [*series.touched_files, f"vllm/{MARKER_NAME}"])
     return locked_and_recovered(target, must_write, lock_timeout, on_wait)
 
 
@@ -193,7 +214,7 @@ def apply(
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     on_wait=None,
 ) -> TreeState:
-    with _session(target, True, lock_timeout, on_wait) as recovered:
+    with _session(target, series, True, lock_timeout, on_wait) as recovered:
         state = inspect(target, series)
         state.recovered = recovered
         state.changed = recovered == "finished an interrupted apply"
@@ -218,7 +239,7 @@ def check(
     on_wait=None,
 ) -> TreeState:
     """Everything ``apply`` verifies; writes only to finish a crashed apply."""
-    with _session(target, False, lock_timeout, on_wait) as recovered:
+    with _session(target, series, False, lock_timeout, on_wait) as recovered:
         state = inspect(target, series)
         state.recovered = recovered
         if state.state == PatchState.UPSTREAM:
@@ -236,7 +257,7 @@ def status(
     on_wait=None,
 ) -> TreeState:
     """``inspect`` under the lock, after finishing an interrupted apply."""
-    with _session(target, False, lock_timeout, on_wait) as recovered:
+    with _session(target, series, False, lock_timeout, on_wait) as recovered:
         state = inspect(target, series)
     state.recovered = recovered
     return state
