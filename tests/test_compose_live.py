@@ -292,6 +292,23 @@ def test_compiled_triton_kernels_land_in_the_cache_volume(project):
     assert cached, f"nothing under the volume's triton/ after compiling {kernel_hash}"
 
 
+def test_readmes_process_listing_works_in_a_compose_container(project):
+    """README's troubleshooting command, in a shell compose opened: the
+    configuration's variables are filled in for supervisorctl."""
+    listing = docker(
+        "exec",
+        project["server"],
+        "python3",
+        "-m",
+        "k3rocm.supervise",
+        "ctl",
+        "status",
+        check=False,
+    ).stdout
+    for program in ("guard", "status", "vllm", "watchdog"):
+        assert re.search(rf"^{program}\s+RUNNING", listing, re.M), listing
+
+
 # The stall watchdog against a really stopped engine, under compose's restart
 # policy. K3_STALL_SECONDS is STALL_SECONDS here (the fixture sets it); every
 # test above ran with the watchdog armed too.

@@ -116,6 +116,65 @@ def test_a_stream_past_the_deadline_ends_with_an_error_event(middleware, tmp_pat
     assert in_flight() == 0
 
 
+async def tokenless_stream_app(scope, receive, send):
+    """A stream vLLM aborts before its first token: headers, then the app
+    returns (or raises) without another message."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/event-stream")],
+        }
+    )
+    await asyncio.sleep(0.05)
+    if scope.get("raise"):
+        raise RuntimeError("engine aborted")
+
+
+@pytest.mark.parametrize("raises", [False, True])
+def test_a_stream_ended_without_a_token_after_the_deadline_gets_the_error_event(
+    tmp_path, monkeypatch, raises
+):
+    monkeypatch.setenv("K3_RUN_DIR", str(tmp_path))
+    drain.write_drain_mark(tmp_path, time.time() + 60)
+    guarded = drain.DrainMiddleware(tokenless_stream_app)
+    sent = {"body": b""}
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent["body"] += message.get("body", b"")
+
+    async def run():
+        # Accepted before the mark, cut off by a second stop signal's mark.
+        (tmp_path / "draining").unlink()
+        task = asyncio.create_task(
+            guarded(
+                {"type": "http", "path": "/v1/completions", "raise": raises},
+                receive,
+                send,
+            )
+        )
+        await asyncio.sleep(0.01)
+        drain.write_drain_mark(tmp_path, time.time())
+        try:
+            await task
+        except RuntimeError:
+            assert raises
+
+    asyncio.run(run())
+    events = [e for e in sent["body"].decode().split("\n\n") if e]
+    assert "drain time" in json.loads(events[0][len("data: ") :])["error"]["message"]
+    assert events[1:] == ["data: [DONE]"]
+
+
+def test_a_stream_that_ended_before_the_deadline_gets_nothing_more(middleware):
+    sent = call(middleware)
+    assert sent["body"].endswith(b"data: [DONE]\n\n")
+    assert b"error" not in sent["body"]
+
+
 def test_a_torn_drain_mark_still_means_draining(tmp_path):
     (tmp_path / "draining").write_text("{not json")
     assert drain.read_drain_deadline(tmp_path) <= time.time()

@@ -127,6 +127,10 @@ def _on_node1(variable: str, value: str, *fragments: str):
 # Each case: settings, then fragments the message must contain (what is
 # wrong, then how to fix it).
 INVALID = {
+    "served model name with a newline": (
+        {"K3_SERVED_MODEL_NAME": "kimi\nk3"},
+        ["K3_SERVED_MODEL_NAME (--served-model-name)", "holds a control character"],
+    ),
     "unknown profile": (
         {"K3_PROFILE": "tp9"},
         ["K3_PROFILE (--profile) is 'tp9'", "use one of: tp8, tep8, tep16, dep16"],

@@ -101,10 +101,12 @@ class DrainMiddleware:
             await _refuse(send)
             return
         IN_FLIGHT.inc()
+        guard = _DeadlineGuard(send, self.directory)
         try:
-            await self.app(scope, receive, _DeadlineGuard(send, self.directory))
+            await self.app(scope, receive, guard)
         finally:
             IN_FLIGHT.dec()
+            await guard.close()
 
 
 async def _refuse(send: Send) -> None:
@@ -158,6 +160,7 @@ class _DeadlineGuard:
         self.directory = directory
         self.streaming = False
         self.cut_off = False
+        self.finished = False
         self.next_check = 0.0
 
     async def __call__(self, message: Message) -> None:
@@ -169,10 +172,27 @@ class _DeadlineGuard:
             self.streaming = content_type.startswith(b"text/event-stream")
         elif self.streaming and message["type"] == "http.response.body":
             if self._past_deadline():
-                self.cut_off = True
-                await self.send({"type": "http.response.body", "body": _CUT_OFF_EVENT})
+                await self._cut_off()
                 return
+            self.finished = not message.get("more_body", False)
         await self.send(message)
+
+    async def _cut_off(self) -> None:
+        self.cut_off = True
+        await self.send({"type": "http.response.body", "body": _CUT_OFF_EVENT})
+
+    async def close(self) -> None:
+        """The app is done with this request. A stream it left open past the
+        deadline (vLLM aborted it before its first token, say) still gets the
+        error event and [DONE], so its client knows why it ends."""
+        if not self.streaming or self.finished or self.cut_off:
+            return
+        self.next_check = 0.0
+        if self._past_deadline():
+            try:
+                await self._cut_off()
+            except Exception:  # the connection may be gone: nothing to tell
+                pass
 
     def _past_deadline(self) -> bool:
         now = time.monotonic()

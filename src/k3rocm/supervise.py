@@ -3,6 +3,8 @@
     python -m k3rocm.supervise run     the container's main process (under an init)
     python -m k3rocm.supervise serve   supervisord's `vllm` program
     python -m k3rocm.supervise listen  supervisord's `guard` event listener
+    python -m k3rocm.supervise ctl [ARGS]  supervisorctl on the running tree
+                                           (e.g. `ctl status`)
 
 ``run`` clears what a previous start left in ``K3_RUN_DIR``, fills in the
 defaults the config interpolates, runs supervisord in the foreground, and
@@ -100,11 +102,26 @@ def _previous_smoke_failure(directory: Path) -> str | None:
     return None
 
 
-def run() -> int:
-    # compose passes every allowed variable, unset ones as empty strings.
+def _fill_defaults() -> None:
+    """What supervisord.conf interpolates; compose passes every allowed
+    variable, unset ones as empty strings."""
     for name, value in (*DEFAULTS.items(), ("K3_PYTHON", sys.executable)):
         if not os.environ.get(name, "").strip():
             os.environ[name] = value
+
+
+def ctl(args: list[str]) -> int:
+    """supervisorctl with the configuration's variables filled in as ``run``
+    fills them (a `docker exec` shell lacks them)."""
+    _fill_defaults()
+    conf = os.environ[SUPERVISORD_CONF.env]
+    command = [sys.executable, "-m", "supervisor.supervisorctl", "-c", conf, *args]
+    os.execv(sys.executable, command)
+    return 1  # not reached: execv replaces this process
+
+
+def run() -> int:
+    _fill_defaults()
     try:
         budget = budget_from_env(os.environ)
         base_url = api_base_url(os.environ)
@@ -184,6 +201,10 @@ def stop_gracefully(
         interrupted=lambda: len(signals) > 1 or supervisord.poll() is not None,
         log=log,
     )
+    if len(signals) > 1:
+        # The drain is over now: streams still open are cut off with the
+        # error event, as at the deadline.
+        write_drain_mark(directory, time.time())
     if supervisord.poll() is None:
         supervisord.send_signal(signal.SIGTERM)
 
@@ -258,9 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m k3rocm.supervise", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("command", choices=["run", "serve", "listen"])
-    command = parser.parse_args(argv).command
-    return {"run": run, "serve": serve, "listen": listen}[command]()
+    parser.add_argument("command", choices=["run", "serve", "listen", "ctl"])
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="ctl: supervisorctl's")
+    parsed = parser.parse_args(argv)
+    if parsed.command == "ctl":
+        return ctl(parsed.args)
+    return {"run": run, "serve": serve, "listen": listen}[parsed.command]()
 
 
 if __name__ == "__main__":

@@ -204,10 +204,19 @@ def resolve_all(
         )
         stop_budget = parse_grace(None)
     api_key_file = resolver.path("api_key_file")
+    served_model_name = resolver.text("served_model_name")
+    if served_model_name is not None and not served_model_name.isprintable():
+        # Clients must type it, and the smoke test and watchdog send it.
+        resolver.refuse(
+            "served_model_name",
+            f"{label('served_model_name')} is {shown(served_model_name)}, which "
+            "holds a control character (a newline, a tab, ...); use a name of "
+            "printable characters.",
+        )
+        served_model_name = None
     settings = LaunchSettings(
         model=resolver.path("model") or MODEL.default,
-        served_model_name=resolver.text("served_model_name")
-        or SERVED_MODEL_NAME.default,
+        served_model_name=served_model_name or SERVED_MODEL_NAME.default,
         profile=profile or PROFILES[DEFAULT_PROFILE],
         features=features,
         max_model_len=resolver.integer("max_model_len", 1),
