@@ -21,6 +21,7 @@ from test_compose import ENV_EXAMPLE, VARIABLE, compose_schema, documented
 from vllm_trees import REPO
 
 OVERRIDES = ("compose.multinode.yaml", "compose.infiniband.yaml")
+READ_ONLY = "compose.readonly.yaml"
 NODE_ENV = {
     "RENDER_GID": "109",
     "K3_PROFILE": "tep16",
@@ -50,10 +51,21 @@ def compose_config(env: dict[str, str], *files: str) -> subprocess.CompletedProc
         )
 
 
-@pytest.mark.parametrize("name", OVERRIDES)
+@pytest.mark.parametrize("name", [*OVERRIDES, READ_ONLY])
 def test_override_matches_the_compose_spec_schema(compose_schema, name):
     override = yaml.safe_load((REPO / name).read_text())
     jsonschema.Draft201909Validator(compose_schema).validate(override)
+
+
+def test_the_read_only_override_keeps_only_the_cache_and_two_tmpfs_writable():
+    result = compose_config({"RENDER_GID": "109"}, READ_ONLY)
+    assert result.returncode == 0, result.stderr
+    server = yaml.safe_load(result.stdout)["services"]["kimi-k3"]
+    assert server["read_only"] is True
+    assert [entry.split(":")[0] for entry in server["tmpfs"]] == ["/run/k3rocm", "/tmp"]
+    # docker-compose 1.29 renders volumes as SOURCE:TARGET:MODE.
+    writable = [v.split(":")[1] for v in server["volumes"] if not v.endswith(":ro")]
+    assert writable == ["/home/k3/.cache"]
 
 
 def test_a_node_runs_on_the_host_network_with_its_addresses():
@@ -61,7 +73,8 @@ def test_a_node_runs_on_the_host_network_with_its_addresses():
     assert result.returncode == 0, result.stderr
     server = yaml.safe_load(result.stdout)["services"]["kimi-k3"]
     assert server["network_mode"] == "host"
-    assert server["cap_add"] == ["IPC_LOCK"]
+    # compose.yaml's SYS_PTRACE (the stall watchdog's stack capture) stays.
+    assert sorted(server["cap_add"]) == ["IPC_LOCK", "SYS_PTRACE"]
     assert server["ulimits"]["memlock"] == -1
     assert {"/dev/kfd", "/dev/dri", "/dev/infiniband"} <= {
         device.split(":")[0] for device in server["devices"]

@@ -20,8 +20,10 @@ import time
 import urllib.request
 
 import pytest
+import yaml
 from docker_images import (
     Container,
+    Streams,
     build_standin,
     docker,
     http,
@@ -332,3 +334,78 @@ def test_the_image_builds_with_buildkit_offline_on_another_python_layout(
         assert "applied: series" in where
         if builder == "legacy":
             assert where.startswith("/opt/venv/bin/python3")
+
+
+def _read_only_mounts() -> list[str]:
+    """compose.readonly.yaml's tmpfs mounts as docker run flags."""
+    override = yaml.safe_load((REPO / "compose.readonly.yaml").read_text())
+    server = override["services"]["kimi-k3"]
+    assert server["read_only"] is True
+    return ["--read-only", *(f"--tmpfs={mount}" for mount in server["tmpfs"])]
+
+
+def test_an_operator_mistake_ends_at_once_with_2_and_fixing_it_is_enough(
+    image, model, tmp_path
+):
+    """A read-only root file system with compose.readonly.yaml's mounts, and
+    an API key file uid 1000 cannot read (root's, mode 600: what `install -m
+    600` run as root makes). The container ends within 30 s with exit 2 and
+    the reason; after `chown 1000` of the file, starting the same container
+    again is enough: it turns healthy, and a request with default sampling
+    (the sampler compiled on the cache volume) and a streamed one answer."""
+    key = tmp_path / "k3_api_key"
+    key.write_text("sk-read-only-test-key\n")
+    key.chmod(0o600)
+    volume = "k3rocm-test-readonly-cache"
+    docker("volume", "rm", "-f", volume, check=False)
+    extra = [
+        *_read_only_mounts(),
+        f"--volume={volume}:/home/k3/.cache",
+        f"--volume={key}:/run/secrets/k3_api_key:ro",
+    ]
+    try:
+        with running_container(
+            image,
+            model,
+            "k3rocm-test-readonly",
+            env={"K3_API_KEY_FILE": "/run/secrets/k3_api_key"},
+            extra=extra,
+        ) as container:
+            started = time.monotonic()
+            assert container.wait_exit(60) == 2
+            assert time.monotonic() - started < 30
+            refused = [
+                line
+                for line in container.logs().splitlines()
+                if "cannot start:" in line
+            ]
+            assert any(
+                "K3_API_KEY_FILE" in line and "Permission denied" in line
+                for line in refused
+            ), refused
+            os.chown(key, 1000, 1000)
+            docker("start", container.name)
+            container.wait_healthy()
+            auth = {"Authorization": "Bearer sk-read-only-test-key"}
+            body = {"model": "kimi-k3", "prompt": "a b c", "max_tokens": 8}
+            status, answer = http(
+                f"{container.base_url}/v1/completions", body, headers=auth
+            )
+            assert status == 200, answer
+            streams = Streams(container.base_url, 1, "sk-read-only-test-key")
+            streams.join(120)
+            assert streams.done == [True], container.logs()[-3000:]
+            assert "failed to map segment" not in container.logs()
+    finally:
+        docker("volume", "rm", "-f", volume, check=False)
+
+
+def test_a_read_only_root_without_its_mounts_is_refused_at_start(image, model):
+    with running_container(
+        image, model, "k3rocm-test-readonly-bare", extra=("--read-only",)
+    ) as container:
+        assert container.wait_exit(60) == 2
+        logs = container.logs()
+        assert "the run directory at /run/k3rocm (K3_RUN_DIR) is not writable" in logs
+        assert "(TORCHINDUCTOR_CACHE_DIR) is not writable" in logs
+        assert "Traceback" not in logs

@@ -62,6 +62,7 @@ from k3rocm.setting_table import (
 )
 from k3rocm.status import status_settings
 from k3rocm.stop_budget import InvalidGrace, StopBudget, budget_from_env
+from k3rocm.writable import problems as unwritable
 
 # What `run` fills in for the config's %(ENV_...)s and its own programs.
 DEFAULTS = {
@@ -132,6 +133,7 @@ def run() -> int:
     # What the launcher would refuse, refused now: once, at once, with exit 2,
     # not as a vLLM that supervisord retries and the guard counts as crashes.
     _, _, problems = check_launch([], os.environ)
+    problems += unwritable(os.environ)
     if problems:
         for problem in problems:
             log(f"cannot start: {problem}")

@@ -1,0 +1,87 @@
+"""What the container must be able to write (and, for compile caches, run
+code from), checked before anything starts.
+
+Under ``docker run --read-only`` (compose ``read_only: true``) only mounts
+are writable, and Docker's ``--tmpfs`` mounts are ``noexec`` unless told
+otherwise. A compile cache there lets vLLM start and pass a greedy check,
+then fails on the first compiled kernel it loads (torch inductor's sampler:
+"failed to map segment"); the run directory or /tmp missing fails the smoke
+test with a message about something else. So each place is tried here, and
+what is not writable, or not executable where it must be, is named in one
+line with the setting that moves it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from k3rocm.setting_table import FORENSICS_DIR, RUN_DIR
+
+
+@dataclass(frozen=True)
+class Place:
+    what: str
+    env: str
+    default: str | None  # None: only checked when the variable is set
+    runs_code: bool  # compiled objects are loaded (mmap PROT_EXEC) from it
+
+
+def places(environ: Mapping[str, str]) -> tuple[Place, ...]:
+    home = environ.get("HOME", "/home/k3")
+    return (
+        Place("the run directory", RUN_DIR.env, str(RUN_DIR.default), False),
+        Place("temporary files", "TMPDIR", tempfile.gettempdir(), False),
+        Place(
+            "Triton's kernel cache", "TRITON_CACHE_DIR", f"{home}/.triton/cache", True
+        ),
+        Place(
+            "torch inductor's cache (the compiled sampler)",
+            "TORCHINDUCTOR_CACHE_DIR",
+            f"{tempfile.gettempdir()}/torchinductor_{os.environ.get('USER', 'k3')}",
+            True,
+        ),
+        Place("numba's cache", "NUMBA_CACHE_DIR", None, False),
+        Place("AITER's JIT builds", "AITER_JIT_DIR", None, True),
+        Place("vLLM's compile cache", "VLLM_CACHE_ROOT", f"{home}/.cache/vllm", True),
+        Place("Hugging Face's cache", "HF_HOME", f"{home}/.cache/huggingface", False),
+        Place(
+            "stall stack dumps", FORENSICS_DIR.env, str(FORENSICS_DIR.default), False
+        ),
+    )
+
+
+def problem(place: Place, path: Path) -> str | None:
+    """Why path cannot serve as place, or None."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".k3rocm-write-probe-"):
+            pass
+        noexec = place.runs_code and bool(os.statvfs(path).f_flag & os.ST_NOEXEC)
+    except OSError as err:
+        return (
+            f"{place.what} at {path} ({place.env}) is not writable "
+            f"({err.strerror or err}); with a read-only root file system mount a "
+            f"volume or tmpfs there, or set {place.env} to a writable place"
+        )
+    if noexec:
+        return (
+            f"{place.what} at {path} ({place.env}) is on a file system mounted "
+            "noexec, so nothing compiled there can be loaded; mount it without "
+            f"noexec (a volume, or tmpfs with exec), or set {place.env} elsewhere"
+        )
+    return None
+
+
+def problems(environ: Mapping[str, str]) -> list[str]:
+    found = []
+    for place in places(environ):
+        value = environ.get(place.env, "").strip() or place.default
+        if value:
+            why = problem(place, Path(value).expanduser())
+            if why is not None:
+                found.append(why)
+    return found
