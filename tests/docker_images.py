@@ -291,53 +291,65 @@ def server_logs(container: str) -> str:
     return result.stdout + result.stderr
 
 
-class Streams:
-    """Streaming completions in flight, each counting the tokens it got."""
+class Stream(threading.Thread):
+    """One streaming completion, read to its end. A slow reader may get
+    several tokens in one event, so the count comes from the final usage."""
 
-    def __init__(self, api: str, count: int, api_key: str | None = None):
-        self.api_key = api_key
-        self.tokens = [0] * count
-        self.done = [False] * count
-        self.threads = [
-            threading.Thread(target=self._run, args=(api, i), daemon=True)
-            for i in range(count)
-        ]
-        for thread in self.threads:
-            thread.start()
+    def __init__(
+        self, base_url: str, api_key: str | None = None, max_tokens: int = STREAM_TOKENS
+    ):
+        super().__init__(daemon=True)
+        self.base_url = base_url
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.max_tokens = max_tokens
+        self.events = 0
+        self.tokens = 0
+        self.done = False
+        self.errors: list[str] = []
 
-    def _run(self, api: str, index: int) -> None:
+    def run(self) -> None:
         body = {
             "model": "kimi-k3",
             "prompt": "a b c d",
-            "max_tokens": STREAM_TOKENS,
+            "max_tokens": self.max_tokens,
             "ignore_eos": True,
             "stream": True,
+            "stream_options": {"include_usage": True},
         }
         request = urllib.request.Request(
-            f"{api}/v1/completions",
+            f"{self.base_url}/v1/completions",
             data=json.dumps(body).encode(),
-            headers={
-                "Content-Type": "application/json",
-                **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}),
-            },
+            headers=self.headers,
         )
         try:
             with urllib.request.urlopen(request, timeout=600) as response:
                 for raw in response:
                     line = raw.decode().strip()
                     if line == "data: [DONE]":
-                        self.done[index] = True
+                        self.done = True
                     elif line.startswith("data: "):
-                        self.tokens[index] += 1
-        except OSError:
-            pass
+                        event = json.loads(line[6:])
+                        if "error" in event:
+                            self.errors.append(str(event["error"]))
+                        elif event.get("usage"):
+                            self.tokens = event["usage"]["completion_tokens"]
+                        else:
+                            self.events += 1
+        except OSError as err:
+            self.errors.append(repr(err))
 
-    def wait_started(self) -> None:
-        deadline = time.monotonic() + 120
-        while min(self.tokens) < 5:
-            assert time.monotonic() < deadline, f"streams stuck at {self.tokens}"
-            time.sleep(0.5)
 
-    def join(self, timeout: float) -> None:
-        for thread in self.threads:
-            thread.join(timeout)
+def start_streams(
+    base_url: str, count: int, api_key: str | None = None
+) -> list[Stream]:
+    """count streams, started, each under way (a few events in) on return."""
+    streams = [Stream(base_url, api_key) for _ in range(count)]
+    for stream in streams:
+        stream.start()
+    deadline = time.monotonic() + 120
+    while min(stream.events for stream in streams) < 5:
+        assert time.monotonic() < deadline, [s.events for s in streams]
+        time.sleep(0.5)
+    return streams

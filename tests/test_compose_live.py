@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -27,12 +26,12 @@ import pytest
 import yaml
 from docker_images import (
     CPU_DEV_ENV,
-    Streams,
     container_state,
     docker,
     http,
     server_logs,
     signal_process,
+    start_streams,
     vllm_processes,
 )
 from vllm_server import free_port
@@ -345,16 +344,16 @@ def test_a_slow_but_progressing_engine_is_not_stalled(project):
     and shorter than the stall time."""
     server = project["server"]
     engine = vllm_processes(server)["VLLM::EngineCor"]
-    streams = Streams(project["api"], 4, SECRETS["api_key"])
-    streams.wait_started()
+    streams = start_streams(project["api"], 4, SECRETS["api_key"])
     deadline = time.monotonic() + 3 * STALL_SECONDS
     while time.monotonic() < deadline:
         signal_process(server, engine, "STOP")
         time.sleep(0.6 * STALL_SECONDS)
         signal_process(server, engine, "CONT")
         time.sleep(2)
-    streams.join(300)
-    assert all(streams.done), streams.tokens
+    for stream in streams:
+        stream.join(300)
+    assert [(s.done, s.errors) for s in streams] == [(True, [])] * 4
     assert "the engine stalled" not in server_logs(server)
     assert health(server) == "healthy"
 
@@ -369,24 +368,18 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
     restarts = container_state(server)["RestartCount"]
     processes = vllm_processes(server)
     [pid] = [pid for name, pid in processes.items() if name.startswith(stopped)]
-    streams = Streams(project["api"], 4, SECRETS["api_key"])
-    streams.wait_started()
-    health_lines: list[str] = []
-    watching = threading.Event()
-
-    def watch_health() -> None:
-        while not watching.is_set():
-            result = docker(
-                "exec", server, "python3", "-m", "k3rocm.health", check=False
-            )
-            if "stalled" in result.stdout:
-                health_lines.append(result.stdout.strip())
-                return
-
+    streams = start_streams(project["api"], 4, SECRETS["api_key"])
+    # The health check, run over and over inside the container from before
+    # the stop until the container exits (one exec: no start-up per look).
+    health_loop = subprocess.Popen(
+        ["docker", "exec", server, "sh", "-c",
+         "while :; do python3 -m k3rocm.health; sleep 0.1; done"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )  # fmt: skip
     started = time.monotonic()
     signal_process(server, pid, "STOP")
-    watcher = threading.Thread(target=watch_health, daemon=True)
-    watcher.start()
     wait_for(
         "the stop for a stall",
         lambda: "container stopped: the engine stalled" in server_logs(server),
@@ -394,7 +387,17 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
         lambda: server_logs(server)[-4000:],
     )
     stopped_after = time.monotonic() - started
-    watching.set()
+    # The streams the stall held end with an error, not a hang for ever.
+    for stream in streams:
+        stream.join(60)
+    assert [(s.is_alive(), s.done, bool(s.errors)) for s in streams] == [
+        (False, False, True)
+    ] * 4
+    health_lines = [
+        line
+        for line in health_loop.communicate(timeout=120)[0].splitlines()
+        if "stalled" in line
+    ]
     log = server_logs(server)
     run = log[log.rindex("capturing the stacks of") :]
     # Caught within the stall time plus the watchdog's looks and the capture.

@@ -17,13 +17,12 @@ import shutil
 import subprocess
 import threading
 import time
-import urllib.request
 
 import pytest
 import yaml
 from docker_images import (
     Container,
-    Streams,
+    Stream,
     build_standin,
     docker,
     http,
@@ -155,53 +154,11 @@ def _health_status(container: Container) -> int | None:
         return None
 
 
-class Stream(threading.Thread):
-    """One streaming completion, read to its end. A slow reader may get
-    several tokens in one event, so the count comes from the final usage."""
-
-    def __init__(self, base_url: str):
-        super().__init__(daemon=True)
-        self.base_url = base_url
-        self.events = 0
-        self.tokens = 0
-        self.done = False
-        self.errors: list[str] = []
-
-    def run(self) -> None:
-        body = {
-            "model": "kimi-k3",
-            "prompt": "a b c d",
-            "max_tokens": STREAM_TOKENS,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        request = urllib.request.Request(
-            f"{self.base_url}/v1/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=300) as response:
-                for raw in response:
-                    line = raw.decode().strip()
-                    if line == "data: [DONE]":
-                        self.done = True
-                    elif line.startswith("data: "):
-                        event = json.loads(line[6:])
-                        if "error" in event:
-                            self.errors.append(str(event["error"]))
-                        elif event.get("usage"):
-                            self.tokens = event["usage"]["completion_tokens"]
-                        else:
-                            self.events += 1
-        except OSError as err:
-            self.errors.append(repr(err))
-
-
 def test_docker_stop_drains_every_accepted_stream(served):
     """Last in this module: it stops the served container."""
-    streams = [Stream(served.base_url) for _ in range(STREAMS)]
+    streams = [
+        Stream(served.base_url, max_tokens=STREAM_TOKENS) for _ in range(STREAMS)
+    ]
     for stream in streams:
         stream.start()
     served.wait_for(
@@ -392,9 +349,12 @@ def test_an_operator_mistake_ends_at_once_with_2_and_fixing_it_is_enough(
                 f"{container.base_url}/v1/completions", body, headers=auth
             )
             assert status == 200, answer
-            streams = Streams(container.base_url, 1, "sk-read-only-test-key")
-            streams.join(120)
-            assert streams.done == [True], container.logs()[-3000:]
+            stream = Stream(container.base_url, "sk-read-only-test-key", 16)
+            stream.start()
+            stream.join(120)
+            assert (stream.tokens, stream.done, stream.errors) == (16, True, []), (
+                container.logs()[-3000:]
+            )
             assert "failed to map segment" not in container.logs()
     finally:
         docker("volume", "rm", "-f", volume, check=False)

@@ -63,6 +63,19 @@ class Setting:
         settings as empty strings."""
         return environ.get(self.env, "").strip() or env_text(self.default)
 
+    def whole_number(self, environ: Mapping[str, str], low: int, high: int) -> int:
+        """The value as a whole number from low to high; ValueError says
+        what is wrong and what to set."""
+        text = self.text(environ)
+        if not (
+            text.isascii() and text.isdigit() and len(text) <= len(str(high))
+        ) or not (low <= int(text) <= high):
+            raise ValueError(
+                f"{self.env} is {text[:40]!r}; set a whole number from {low} to "
+                f"{high} (default {env_text(self.default)})"
+            )
+        return int(text)
+
 
 def _launcher(name: str, default: Default, meaning: str, **rest) -> Setting:
     return Setting(

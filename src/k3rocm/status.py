@@ -56,9 +56,7 @@ from k3rocm.watchdog import stall_seconds
 
 PHASES = ("stage1", "loading", "stage2", "serving", "draining", "stopping")
 STATUS_PORT_ENV = STATUS_PORT.env
-DEFAULT_STATUS_PORT = STATUS_PORT.default
 LOAD_ALERT_ENV = LOAD_ALERT_SECONDS.env
-DEFAULT_LOAD_ALERT_SECONDS = LOAD_ALERT_SECONDS.default
 STALL_BOUND = "k3rocm_container_stall_seconds"
 
 
@@ -159,22 +157,11 @@ class StartupCollector:
         )
 
 
-def _whole_number(environ: Mapping[str, str], name: str, default: int, top: int) -> int:
-    text = environ.get(name, "").strip() or str(default)
-    if not (text.isascii() and text.isdigit() and len(text) <= 7) or not (
-        1 <= int(text) <= top
-    ):
-        raise ValueError(f"{name} is {text[:40]!r}; set a whole number from 1 to {top}")
-    return int(text)
-
-
 def status_settings(environ: Mapping[str, str]) -> tuple[int, int, int]:
     """(K3_STATUS_PORT, K3_LOAD_ALERT_SECONDS, K3_STALL_SECONDS); ValueError
     says what is wrong."""
-    port = _whole_number(environ, STATUS_PORT_ENV, DEFAULT_STATUS_PORT, 65535)
-    bound = _whole_number(
-        environ, LOAD_ALERT_ENV, DEFAULT_LOAD_ALERT_SECONDS, 7 * 24 * 3600
-    )
+    port = STATUS_PORT.whole_number(environ, 1, 65535)
+    bound = LOAD_ALERT_SECONDS.whole_number(environ, 1, 7 * 24 * 3600)
     return port, bound, stall_seconds(environ)
 
 

@@ -68,16 +68,7 @@ API = "api"  # the progress key of requests in flight at the API server
 
 
 def stall_seconds(environ: Mapping[str, str]) -> int:
-    text = STALL_SECONDS.text(environ)
-    if not (text.isascii() and text.isdigit() and len(text) <= 5) or not (
-        MIN_STALL_SECONDS <= int(text) <= MAX_STALL_SECONDS
-    ):
-        raise ValueError(
-            f"{STALL_SECONDS.env} is {text[:40]!r}; set a whole number of seconds "
-            f"from {MIN_STALL_SECONDS} to {MAX_STALL_SECONDS} (default "
-            f"{STALL_SECONDS.default})"
-        )
-    return int(text)
+    return STALL_SECONDS.whole_number(environ, MIN_STALL_SECONDS, MAX_STALL_SECONDS)
 
 
 def poll_seconds(stall: int) -> float:
