@@ -123,17 +123,19 @@ def ctl(args: list[str]) -> int:
 
 def run() -> int:
     _fill_defaults()
+    # Every setting problem at once, refused now: once, at once, with exit 2,
+    # not as a vLLM that supervisord retries and the guard counts as crashes.
+    _, _, problems = check_launch([], os.environ)
+    try:
+        status_settings(os.environ)  # the container's own settings
+    except ValueError as err:
+        problems.append(str(err))
+    problems += unwritable(os.environ)
     try:
         budget = budget_from_env(os.environ)
         base_url = api_base_url(os.environ)
-        status_settings(os.environ)
-    except (InvalidGrace, BadAddress, ValueError) as err:
-        log(f"cannot start: {err}")
-        return EXIT_USAGE
-    # What the launcher would refuse, refused now: once, at once, with exit 2,
-    # not as a vLLM that supervisord retries and the guard counts as crashes.
-    _, _, problems = check_launch([], os.environ)
-    problems += unwritable(os.environ)
+    except (InvalidGrace, BadAddress) as err:
+        problems.append(str(err))
     if problems:
         for problem in problems:
             log(f"cannot start: {problem}")
