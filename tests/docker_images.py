@@ -286,8 +286,11 @@ def container_state(container: str) -> dict:
     return json.loads(docker("inspect", container).stdout)[0]
 
 
-def server_logs(container: str) -> str:
-    result = docker("logs", container, check=False)
+def server_logs(container: str, since: float | None = None) -> str:
+    """The container's log (every run of it), or only what was logged from
+    unix time ``since`` on."""
+    window = ("--since", f"{since:.3f}") if since is not None else ()
+    result = docker("logs", *window, container, check=False)
     return result.stdout + result.stderr
 
 

@@ -379,11 +379,16 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
         stderr=subprocess.DEVNULL,
         text=True,
     )  # fmt: skip
+    # The log holds every earlier run of this container: this stall's lines
+    # are the ones logged from the stop on.
     started, stopped_at = time.monotonic(), time.time()
     signal_process(server, pid, "STOP")
     wait_for(
         "the stop for a stall",
-        lambda: "container stopped: the engine stalled" in server_logs(server),
+        lambda: (
+            "container stopped: the engine stalled"
+            in server_logs(server, since=stopped_at)
+        ),
         STALL_SECONDS + 120,
         lambda: server_logs(server)[-4000:],
     )
@@ -399,8 +404,8 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
         for line in health_loop.communicate(timeout=120)[0].splitlines()
         if "stalled" in line
     ]
-    log = server_logs(server)
-    run = log[log.rindex("capturing the stacks of") :]
+    run = server_logs(server, since=stopped_at)
+    assert run.count("capturing the stacks of") == 1, run[-4000:]
     # Caught within the stall time plus the watchdog's looks and the capture.
     assert stopped_after < STALL_SECONDS + 60, stopped_after
     assert health_lines and health_lines[0].startswith(

@@ -21,6 +21,7 @@ import time
 import pytest
 import yaml
 from docker_images import (
+    IN_CONTAINER_MODEL,
     Container,
     Stream,
     build_standin,
@@ -369,3 +370,42 @@ def test_a_read_only_root_without_its_mounts_is_refused_at_start(image, model):
         assert "the run directory at /run/k3rocm (K3_RUN_DIR) is not writable" in logs
         assert "(TORCHINDUCTOR_CACHE_DIR) is not writable" in logs
         assert "Traceback" not in logs
+
+
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [
+        ("a file", "which does not exist (or is not a directory)"),
+        ("no config.json", "which has no config.json"),
+        ("config.json not JSON", "config.json' is not valid JSON"),
+    ],
+)
+def test_a_wrong_model_setting_ends_at_once_with_2_and_its_reason(
+    image, model, tmp_path, case, says
+):
+    """Refused before anything starts: no supervisord retries, no counted
+    crashes, one line naming K3_MODEL."""
+    broken = tmp_path / "broken"
+    broken.mkdir(mode=0o755)
+    setting = "/models/broken"
+    if case == "a file":
+        setting = f"{IN_CONTAINER_MODEL}/config.json"
+    elif case == "config.json not JSON":
+        (broken / "config.json").write_text('{"architectures": ')
+        (broken / "config.json").chmod(0o644)
+    with running_container(
+        image,
+        model,
+        "k3rocm-test-bad-model",
+        env={"K3_MODEL": setting},
+        extra=(f"--volume={broken}:/models/broken:ro",),
+    ) as container:
+        started = time.monotonic()
+        assert container.wait_exit(60) == 2
+        assert time.monotonic() - started < 30
+        logs = container.logs()
+        assert any(
+            "cannot start: K3_MODEL (--model)" in line and says in line
+            for line in logs.splitlines()
+        ), logs[-3000:]
+        assert "Traceback" not in logs and "exited unasked" not in logs

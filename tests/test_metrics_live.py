@@ -40,7 +40,7 @@ from vllm_server import (
 )
 from vllm_trees import SERIES, patched_tree
 
-from k3rocm import dashboard
+from k3rocm import dashboard, watchdog
 from k3rocm.contract import IMAGE_TAG_ENV, SMOKE_REPORT_ENV, vllm_metrics_args
 
 pytestmark = pytest.mark.server
@@ -323,6 +323,9 @@ class TestSingleApiServer:
         server, _ = single_server
         check_step_metrics(server, tiny_model, seed=1)
 
+    def test_engine_progress_for_the_watchdog(self, single_server, tiny_model):
+        check_engine_progress(single_server[0], tiny_model)
+
     def test_no_per_step_log_lines(self, single_server):
         server, _ = single_server
         assert "Iteration(" not in server.log_path.read_text(errors="replace")
@@ -405,7 +408,23 @@ class TestSingleApiServer:
         assert [r["name"] for r in rules() if r["health"] != "ok"] == []
 
 
+def check_engine_progress(server: VllmServer, model_dir: Path) -> None:
+    """What the stall watchdog reads: the last step is the workload's, and
+    once every request has been answered nothing is pending (an idle server
+    must never look stalled)."""
+    before = time.time()
+    run_workload(server, model_dir, random.Random(7))
+    look = watchdog.parse_metrics(server.metrics())
+    assert set(look.engines) == {"0"}
+    engine = look.engines["0"]
+    assert before <= engine.last_step <= time.time()
+    assert (engine.running, engine.waiting, look.in_flight) == (0, 0, 0)
+
+
 class TestTwoApiServers:
+    def test_engine_progress_for_the_watchdog(self, two_api_servers, tiny_model):
+        check_engine_progress(two_api_servers[0], tiny_model)
+
     def test_step_metrics_agree_with_tokens_sent(self, two_api_servers, tiny_model):
         server, _ = two_api_servers
         check_step_metrics(server, tiny_model, seed=4)
