@@ -39,6 +39,9 @@ SERIES_MODULES = [
     SERIES_MODULE,
     "vllm/models/kimi_k3/amd/kda_metadata_kernel.py",
     "vllm/models/kimi_k3/amd/ops/third_party/kda/kda_chunk_launch.py",
+    # Read, not imported (no vLLM there): gpu_kda_launch.py compiles the
+    # layer's split_projection from it for its stand-in layers.
+    "vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py",
 ]
 # The last commit before the kernel became a source file (gpu_ablation.py
 # times its kernel as "previous").

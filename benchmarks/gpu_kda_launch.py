@@ -3,13 +3,18 @@
 1. where the host time of one vendored call goes (each of its eight Triton
    launches through the dispatcher, and the Python and tensor work around
    them), at the step model's shapes and a 4,096-token prefill;
-2. the warm-up of the precompiled launches (kda_chunk_launch.py): seconds,
-   plans, binaries compiled;
+2. the warm-up of the precompiled launches (kda_chunk_launch.py) as the
+   ROCm builder runs it, for two stand-in Kimi KDA layers (low-rank and
+   full-rank output gate; their raw_beta cut by the layer's own
+   split_projection): seconds, plans, binaries compiled;
 3. outputs and final states of the launched path against the vendored path
    (vLLM 0.27.1's code, same process, so the same autotuned configurations)
    on random batches, bitwise, and for every batch that the plan's binaries
    and configurations are the ones Triton's dispatcher chose for it;
-4. 0 compiles over serving-like steps after the warm-up;
+4. 0 compiles and 0 calls through the vendored path over serving-like
+   steps after the warm-up, every call laid out as the layer lays it out
+   (padded forwards, raw_beta a strided view of the projection, gathered
+   batches);
 5. host time per call in interleaved rounds: 0.27.1 (no metadata), k3.3
    (the vendored path with the series' metadata) and k3.4 (launched);
 6. the step model of gpu_bench.py with k3.3 against k3.4, alternating step
@@ -19,6 +24,7 @@
     python3 benchmarks/gpu_kda_launch.py        # needs .gpu/ (gpu_bundle.py)
 """
 
+import ast
 import gc
 import json
 import math
@@ -27,6 +33,7 @@ import random
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -112,20 +119,66 @@ def binaries() -> int:
     )
 
 
+MAX_TOKENS, MAX_SEQS = 4096, 128  # the recipe's scheduler limits
+LAYER_FILE = "vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py"
+
+
+def layer_split_projection():
+    """KimiGatedDeltaNetAttention.split_projection as patch 0004 writes it,
+    compiled from the patched file (the layer's module cannot be imported
+    here: no vLLM install)."""
+    path = HERE.parent / ".gpu" / "patched" / LAYER_FILE
+    tree = ast.parse(path.read_text())
+    (layer,) = (
+        node
+        for node in tree.body
+        if isinstance(node, ast.ClassDef) and node.name == "KimiGatedDeltaNetAttention"
+    )
+    (method,) = (
+        node
+        for node in layer.body
+        if isinstance(node, ast.FunctionDef) and node.name == "split_projection"
+    )
+    namespace = {"torch": torch}
+    exec(compile(ast.Module([method], []), str(path), "exec"), namespace)
+    return namespace["split_projection"]
+
+
+class StandInLayer:
+    """What the warm-up reads of a Kimi KDA layer, one rank of TP8 (8 heads
+    of 128), bf16, the layer's own split_projection; the fused projection's
+    width as the layer sizes it."""
+
+    split_projection = layer_split_projection()
+
+    def __init__(self, full_rank_gate: bool):
+        heads, dim = HEADS_PER_RANK, HEAD_DIM
+        self.prefix = "full-rank gate" if full_rank_gate else "low-rank gate"
+        self.local_num_heads, self.head_dim = heads, dim
+        self.local_projection_size = local = heads * dim
+        self.use_full_rank_gate = full_rank_gate
+        width = (4 if full_rank_gate else 3) * local + dim + heads
+        self.in_proj_padding = -width % 16 if full_rank_gate else 0
+        self.in_proj_qkvgfab = types.SimpleNamespace(
+            params_dtype=torch.bfloat16,
+            output_size_per_partition=width + self.in_proj_padding,
+        )
+        g = torch.Generator(device="cuda").manual_seed(7)
+        self.A_log = torch.randn(heads, device="cuda", generator=g)
+        self.dt_bias = torch.randn(local, device="cuda", generator=g)
+        self.gate_lower_bound = LOWER_BOUND
+
+
+LAYERS = [StandInLayer(False), StandInLayer(True)]
+
+
 def warm_up() -> dict:
     before, start = binaries(), time.perf_counter()
-    result = kda_chunk_launch.warm_up_chunk_kda(
-        HEADS_PER_RANK,
-        HEAD_DIM,
-        torch.bfloat16,
-        torch.float32,
-        torch.float32,
-        LOWER_BOUND,
-        "cuda",
-        chunk.vendored_chunk_kda_with_fused_gate,
-    )
+    result = kda_chunk_launch.warm_up_chunk_kda(LAYERS, MAX_TOKENS, "cuda")
     return {
         "seconds": time.perf_counter() - start,
+        "layers": result.layers,
+        "kinds of call": result.kinds,
         "plans": result.plans,
         "plans_made": result.made,
         "binaries_compiled": binaries() - before,
@@ -319,29 +372,58 @@ def bitwise(batches=2000) -> dict:
 
 def compiles_after_warm_up(steps=3000) -> dict:
     """Serving-like prefill steps (gpu_compiles.serving_mix, the recipe's
-    4,096 tokens and 128 sequences) through the launched path: compiles,
-    vendored calls, host time per call."""
+    4,096 tokens and 128 sequences) through the launched path, each call laid
+    out as a Kimi KDA layer lays it out: a forward padded by 0-15 tokens,
+    raw_beta cut from the fused projection by the layer's split_projection,
+    raw_g the first tokens of the gate projection, one step in eight
+    gathered (speculative decodes in the batch); the two stand-in layers in
+    turn. Counts compiles, calls through the vendored path, host time."""
     from gpu_compiles import serving_mix
 
-    max_tokens, max_seqs = 4096, 128
-    base = kda_inputs([max_tokens + max_seqs], seed=5)
-    state = base["initial_state"].expand(max_seqs, -1, -1, -1).contiguous()
+    rng = random.Random(11)
+    padded_max = MAX_TOKENS + 16
+    buffers = {}
+    for layer in LAYERS:
+        width = layer.in_proj_qkvgfab.output_size_per_partition
+        base = kda_inputs([padded_max], seed=5)
+        buffers[layer.prefix] = {
+            "projected": torch.randn(padded_max, width, device="cuda").bfloat16(),
+            **base,
+            "initial_state": base["initial_state"].expand(MAX_SEQS, -1, -1, -1).clone(),
+        }
     before, vendored_before = binaries(), kda_chunk_launch.STATS["vendored_calls"]
-    host_us = []
-    for step, lens in enumerate(serving_mix(steps, max_seqs, max_tokens, seed=3)):
+    host_us, kinds = [], set()
+    mix = serving_mix(steps, MAX_SEQS, MAX_TOKENS, seed=3)
+    for step, lens in enumerate(mix):
         if step % 50 == 0:
             torch.cuda.synchronize()
+        layer = LAYERS[step % 2]
+        b = buffers[layer.prefix]
         total = sum(lens)
+        padded = total + rng.randint(0, 15)
+        beta = layer.split_projection(b["projected"][:padded])[3]
+        beta = beta.unsqueeze(0)[:, :total]
+        raw_g = b["raw_g"][:, :padded][:, :total]
+        if step % 8 == 4:
+            index = torch.arange(total, device="cuda")
+            beta, raw_g = beta.index_select(1, index), raw_g.index_select(1, index)
         inputs = {
-            name: value[:, :total]
-            if name in ("q", "k", "v", "raw_g", "raw_beta")
-            else value
-            for name, value in base.items()
+            "q": b["q"][:, :total],
+            "k": b["k"][:, :total],
+            "v": b["v"][:, :total],
+            "raw_g": raw_g,
+            "raw_beta": beta,
+            "A_log": layer.A_log,
+            "g_bias": layer.dt_bias,
+            "initial_state": b["initial_state"][: len(lens)],
+            "lower_bound": layer.gate_lower_bound,
+            "output_final_state": True,
+            "use_qk_l2norm_in_kernel": True,
         }
-        inputs["initial_state"] = state[: len(lens)]
         dev, host = cu_seqlens(lens)
         indices, offsets = metadata(dev, host)
         args = call_args(inputs, dev, indices, offsets)
+        kinds.add(kda_chunk_launch.call_kind(args))
         start = time.perf_counter()
         launched(args)
         host_us.append((time.perf_counter() - start) * 1e6)
@@ -349,6 +431,7 @@ def compiles_after_warm_up(steps=3000) -> dict:
     ordered = sorted(host_us)
     return {
         "steps": steps,
+        "kinds of call met": len(kinds),
         "binaries compiled during the steps": binaries() - before,
         "vendored calls during the steps": kda_chunk_launch.STATS["vendored_calls"]
         - vendored_before,
@@ -501,14 +584,15 @@ def main():
     report["warm_up"] = warm_up()
     print("warm-up", json.dumps(report["warm_up"])[:600], flush=True)
     save()
+    # Straight after the warm-up, before any other call can make a plan.
+    report["compiles_after_warm_up"] = compiles_after_warm_up()
+    print("compiles", json.dumps(report["compiles_after_warm_up"]), flush=True)
+    save()
     report["breakdown_us"] = {name: breakdown(lens) for name, lens in SHAPES.items()}
     print(json.dumps(report["breakdown_us"], indent=1), flush=True)
     save()
     report["bitwise"] = bitwise(int(os.environ.get("K3_BITWISE_BATCHES", 2000)))
     print("bitwise", json.dumps(report["bitwise"])[:600], flush=True)
-    save()
-    report["compiles_after_warm_up"] = compiles_after_warm_up()
-    print("compiles", json.dumps(report["compiles_after_warm_up"]), flush=True)
     save()
     report["host_us_per_call"] = {}
     for name, lens in SHAPES.items():
@@ -549,6 +633,10 @@ def main():
             ],
             "no compile after warm-up": report["compiles_after_warm_up"][
                 "binaries compiled during the steps"
+            ]
+            == 0,
+            "no vendored call after warm-up": report["compiles_after_warm_up"][
+                "vendored calls during the steps"
             ]
             == 0,
         }.items()

@@ -7,6 +7,8 @@ specialization classes against Triton's own specializer, every launch's
 arguments against its kernel's parameters, and the fallback to the vendored
 path where nothing is compiled (the Triton interpreter)."""
 
+import itertools
+
 import pytest
 import torch
 import vllm.models.kimi_k3.amd.ops.third_party.kda.chunk as chunk
@@ -122,3 +124,30 @@ def test_interpreter_runs_the_vendored_path_with_the_same_arguments(monkeypatch)
     no_metadata = (*args[:13], None, None)
     assert chunk.chunk_kda_with_fused_gate(*no_metadata) == "vendored"
     assert launch.STATS["vendored_calls"] == before["vendored_calls"] + 1
+
+
+def test_intermediates_are_cut_from_one_allocation_like_fresh_tensors():
+    """The launched path's intermediates: each with the shape, dtype and
+    strides torch.empty gives, 256-byte aligned (the binaries assume
+    16-byte-aligned pointers), none overlapping another, one storage."""
+    pieces = [
+        ((1, 77, 2, 32), torch.float32),
+        ((1, 77, 2), torch.float32),
+        ((1, 77, 2, 64), torch.bfloat16),
+        ((1, 3, 2, 32, 32), torch.bfloat16),
+        ((1, 1, 2, 16), torch.float32),
+    ]
+    carved = launch._carve(torch.device("cpu"), pieces)
+    spans = []
+    for tensor, (shape, dtype) in zip(carved, pieces, strict=True):
+        fresh = torch.empty(shape, dtype=dtype)
+        assert (tensor.shape, tensor.dtype) == (fresh.shape, fresh.dtype)
+        assert tensor.stride() == fresh.stride() and tensor.is_contiguous()
+        start = tensor.data_ptr() - carved[0].data_ptr()
+        assert start % launch._PIECE_BYTES == 0
+        spans.append((start, start + tensor.numel() * tensor.element_size()))
+        assert tensor.untyped_storage().data_ptr() == (
+            carved[0].untyped_storage().data_ptr()
+        )
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))

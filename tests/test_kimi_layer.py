@@ -16,6 +16,7 @@ import pytest
 import torch
 import vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn as kimi_layer
 import vllm.models.kimi_k3.amd.ops.third_party.kda as amd_kda
+import vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch as chunk_launch
 import vllm.models.kimi_k3.nvidia.ops.third_party.kda as nvidia_kda
 from gdn_batches import (
     Batch,
@@ -182,3 +183,143 @@ def test_elsewhere_the_kernel_builds_its_own_metadata(layer, vllm_config, record
     run_forward(layer, vllm_config, metadata)
     (call,) = recorder.calls
     assert "chunk_indices" not in call and "chunk_offsets" not in call
+
+
+# The chunk KDA warm-up (kda_chunk_launch.warm_up_chunk_kda, called by the
+# ROCm builder) must lay out its calls as the layer lays out its own: every
+# integer Triton specializes, and every pointer's alignment, picks a
+# binary, and raw_beta is a strided view of the fused projection. Kinds of
+# call (plan keys) need no GPU: they are computed from the real layer's
+# recorded call here and compared with the warm-up's.
+MAX_TOKENS = 512
+
+
+@pytest.fixture(scope="module")
+def full_rank_layer(vllm_config):
+    """A second layer with the full-rank output gate (another projection
+    layout: raw_beta sits after the gate's columns, rows padded to 16)."""
+    hf_config = KimiLinearConfig(
+        hidden_size=64,
+        rms_norm_eps=1e-5,
+        linear_attn_config={
+            "head_dim": HEAD_DIM,
+            "num_heads": HEADS,
+            "short_conv_kernel_size": 4,
+            "kda_layers": [1],
+            "full_attn_layers": [],
+            "use_full_rank_gate": True,
+            "gate_lower_bound": -5.0,
+        },
+    )
+    prefix = "model.layers.1.self_attn"
+    layer = kimi_layer.KimiGatedDeltaNetAttention(hf_config, vllm_config, prefix)
+    conv_shape, recurrent_shape = layer.get_state_shape()
+    layer.kv_cache = (torch.zeros(64, *conv_shape), torch.zeros(64, *recurrent_shape))
+    return layer
+
+
+def warm_up_kinds(layer) -> set:
+    return {
+        chunk_launch.call_kind(args)
+        for args in chunk_launch.warm_up_calls(layer, MAX_TOKENS, "cpu")
+    }
+
+
+@pytest.fixture(scope="module")
+def kinds(layer, full_rank_layer):
+    return {id(x): warm_up_kinds(x) for x in (layer, full_rank_layer)}
+
+
+@pytest.fixture(scope="module")
+def loaded(layer, full_rank_layer):
+    """What vLLM's model loader does after loading the weights: each linear
+    method prepares its layer (on the CPU, the GEMM it will run)."""
+    for target in (layer, full_rank_layer):
+        for module in target.modules():
+            method = getattr(module, "quant_method", None)
+            if method is not None:
+                method.process_weights_after_loading(module)
+
+
+CALL_ORDER = (
+    "q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias", "scale",
+    "initial_state", "output_final_state", "lower_bound",
+    "use_qk_l2norm_in_kernel", "cu_seqlens", "chunk_indices", "chunk_offsets",
+)  # fmt: skip
+
+
+def run_layer(layer, vllm_config, metadata, padded: int, monkeypatch) -> None:
+    """The layer's whole forward (its projections included) over ``padded``
+    tokens, of which the batch's are the first (vLLM pads a forward). The
+    projections run as on this CPU (vLLM's ROCm GEMM needs an AMD GPU; on
+    both, the fused projection's output is a dense (tokens, width) tensor),
+    ``_forward`` as on ROCm."""
+    hidden = torch.randn(padded, layer.hidden_size)
+    on_cpu = layer._forward
+
+    def as_on_rocm(**kwargs):
+        with monkeypatch.context() as rocm:
+            rocm.setattr(current_platform, "is_rocm", lambda: True)
+            return on_cpu(**kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(layer, "_forward", as_on_rocm)
+        with set_forward_context({layer.prefix: metadata}, vllm_config):
+            layer.forward(hidden, torch.arange(padded), torch.empty_like(hidden))
+
+
+@pytest.mark.parametrize("gate", ["low-rank", "full-rank"])
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+def test_the_warm_up_makes_every_kind_of_call_the_layer_makes(
+    gate, layer, full_rank_layer, loaded, vllm_config, rocm_builder, recorder,
+    monkeypatch, kinds, data,
+):  # fmt: skip
+    """Real forwards with prefills, decodes, padding sequences and padding
+    tokens: the kind of every chunk KDA call the layer makes is one the
+    warm-up made (so on a GPU it has a plan, and the call compiles nothing)."""
+    target = layer if gate == "low-rank" else full_rank_layer
+    batch = data.draw(batches(with_spec=False).filter(lambda b: b.prefill_query_lens))
+    metadata = build(rocm_builder, batch, 0)
+    padded = int(metadata.num_actual_tokens) + data.draw(st.integers(0, 17))
+    recorder.calls.clear()
+    run_layer(target, vllm_config, metadata, padded, monkeypatch)
+    (call,) = recorder.calls
+    # The layer's raw_beta is the strided view the warm-up must match.
+    assert not call["raw_beta"].is_contiguous()
+    args = tuple(call.get(name) for name in CALL_ORDER)
+    assert chunk_launch.call_kind(args) in kinds[id(target)]
+
+
+def test_contiguous_stand_ins_would_miss_kinds_the_layer_makes(layer, kinds):
+    """Why the warm-up cuts raw_beta from a projection: with dense stand-ins
+    (the warm-up before this change), the layer's calls are other kinds."""
+    calls = chunk_launch.LayerCalls(layer, 32, torch.device("cpu"))
+    dense = {chunk_launch.call_kind(calls(t, t, True)) for t in range(1, 33)}
+    assert dense <= kinds[id(layer)]
+    assert kinds[id(layer)] - dense
+
+
+def test_the_rocm_builder_warms_up_its_groups_kimi_layers(
+    layer, full_rank_layer, vllm_config, kinds
+):
+    """Built before the server is ready, the builder warms up the chunk KDA
+    launches of exactly the Kimi KDA layers of its group (here on the CPU,
+    where nothing runs, only the kinds are counted)."""
+    spec = make_builder(KimiK3ROCmKDAMetadataBuilder, 0).kv_cache_spec
+    names = [layer.prefix, full_rank_layer.prefix, "model.layers.9.mlp"]
+    builder = KimiK3ROCmKDAMetadataBuilder(
+        spec, names, vllm_config, torch.device("cpu")
+    )
+    warm_up = builder.chunk_kda_warm_up
+    assert warm_up.layers == 2
+    assert warm_up.kinds == len(kinds[id(layer)] | kinds[id(full_rank_layer)])
+    assert warm_up.made == 0  # the interpreter: nothing compiled or planned
+    alone = KimiK3ROCmKDAMetadataBuilder(
+        spec, ["model.layers.9.mlp"], vllm_config, torch.device("cpu")
+    )
+    assert alone.chunk_kda_warm_up.layers == alone.chunk_kda_warm_up.kinds == 0

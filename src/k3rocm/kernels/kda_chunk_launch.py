@@ -134,10 +134,34 @@ def _misaligned(*tensors: torch.Tensor | None) -> int:
     return bits
 
 
-def _empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A contiguous uninitialized tensor, as empty_like/new_empty make them
-    from the vendored path's contiguous inputs."""
-    return torch.empty(shape, dtype=dtype, device=device)
+# Every intermediate of a call starts on a multiple of this many bytes of
+# the call's one allocation (the compiled binaries assume 16-byte-aligned
+# pointers, as fresh allocations are).
+_PIECE_BYTES = 256
+
+
+def _carve(device: torch.device, pieces) -> list[torch.Tensor]:
+    """Uninitialized contiguous tensors of the given ``(shape, dtype)``, the
+    strides torch.empty gives them, cut from one allocation: one call into
+    the caching allocator where the vendored path makes eleven or thirteen."""
+    layout, end = [], 0
+    for shape, dtype in pieces:
+        strides, size = [], 1
+        for n in reversed(shape):
+            strides.append(size)
+            size *= n
+        strides.reverse()
+        layout.append((shape, strides, dtype, end))
+        end += -(-size * dtype.itemsize // _PIECE_BYTES) * _PIECE_BYTES
+    memory = torch.empty(end, dtype=torch.uint8, device=device)
+    typed: dict[torch.dtype, torch.Tensor] = {}
+    out = []
+    for shape, strides, dtype, start in layout:
+        view = typed.get(dtype)
+        if view is None:
+            view = typed[dtype] = memory.view(dtype)
+        out.append(view.as_strided(shape, strides, start // dtype.itemsize))
+    return out
 
 
 def _forward(launch, consts, q, k, v, raw_g, raw_beta, A_log, g_bias, scale,
@@ -147,40 +171,60 @@ def _forward(launch, consts, q, k, v, raw_g, raw_beta, A_log, g_bias, scale,
     (l2norm_fwd of q and k, then chunk_kda_with_fused_gate_fwd), kernel for
     kernel, every launch through ``launch(site, grid, *args)`` with the
     arguments in the kernel's parameter order, constexprs included.
-    ``consts`` holds the pinned configurations' values and the platform's."""
-    device = q.device
+    ``consts`` holds the pinned configurations' values and the platform's.
+    The intermediates have the vendored path's shapes, dtypes and strides;
+    they are cut from one allocation (``_carve``)."""
     BT = FLA_CHUNK_SIZE
+    num_chunks = chunk_indices.shape[0]
+    num_seqs = cu_seqlens.shape[0] - 1
+    B, T, H, K = k.shape  # the l2norm outputs have the inputs' shapes
+    HV = raw_g.shape[2]  # g has raw_g's shape
+    HU, V = v.shape[2], v.shape[3]  # u and v_new have v's
+    f32 = torch.float32
+    pieces = [
+        (raw_g.shape, f32),  # g
+        (raw_beta.shape, f32),  # beta
+        ((B, T, HV, BT), k.dtype),  # Aqk
+        ((B, T, HV, BT), k.dtype),  # Akk, zeroed below (torch.zeros there)
+        ((B, T, HV, _BC), f32),  # Akkd
+        (k.shape, k.dtype),  # w
+        (v.shape, v.dtype),  # u
+        (k.shape, k.dtype),  # kg
+        ((B, num_chunks, HU, V, K), k.dtype),  # h (kg's dtype)
+        (v.shape, v.dtype),  # v_new
+    ]
+    if use_l2norm:
+        pieces += ((q.shape, q.dtype), (k.shape, k.dtype))
+    carved = _carve(q.device, pieces)
+    g, beta, Aqk, Akk, Akkd, w, u, kg, h, v_new = carved[:10]
+    Akk.zero_()
+    final_state = (
+        torch.empty((num_seqs, HU, V, K), dtype=f32, device=q.device)
+        if output_final_state
+        else None
+    )
+
     if use_l2norm:  # l2norm_fwd (its fused-kernel branch)
-        q_in, q = q, _empty(q.shape, q.dtype, device)
+        q_in, q, k_in, k = q, carved[10], k, carved[11]
         rows = q.numel() // q.shape[-1]
         launch("l2norm_q", (-(-rows // _L2NORM_MBLOCK), 1, 1),
                q_in, q, _L2NORM_EPS, rows, q.shape[-1], consts["l2norm_q_BD"],
                _L2NORM_MBLOCK)  # fmt: skip
-        k_in, k = k, _empty(k.shape, k.dtype, device)
-        rows = k.numel() // k.shape[-1]
+        rows = k.numel() // K
         launch("l2norm_k", (-(-rows // _L2NORM_MBLOCK), 1, 1),
-               k_in, k, _L2NORM_EPS, rows, k.shape[-1], consts["l2norm_k_BD"],
+               k_in, k, _L2NORM_EPS, rows, K, consts["l2norm_k_BD"],
                _L2NORM_MBLOCK)  # fmt: skip
-    num_chunks = chunk_indices.shape[0]
-    num_seqs = cu_seqlens.shape[0] - 1
 
     # fused_kda_gate_chunk_cumsum (raw_g's dims)
-    B, T, H, S = raw_g.shape
-    g = _empty(raw_g.shape, torch.float32, device)
-    beta = _empty(raw_beta.shape, torch.float32, device)
+    Tg, S = raw_g.shape[1], raw_g.shape[3]
     gate_bs = consts["gate_BS"]
-    launch("gate", (-(-S // gate_bs) + 1, num_chunks, B * H),
+    launch("gate", (-(-S // gate_bs) + 1, num_chunks, raw_g.shape[0] * HV),
            raw_g, raw_beta, A_log, g_bias, g, beta, cu_seqlens, chunk_indices,
-           RCP_LN2, lower_bound or 0.0, 1.0, 20.0, T, *raw_beta.stride(),
-           H, S, BT, gate_bs, g_bias is not None, True,
+           RCP_LN2, lower_bound or 0.0, 1.0, 20.0, Tg, *raw_beta.stride(),
+           HV, S, BT, gate_bs, g_bias is not None, True,
            lower_bound is not None)  # fmt: skip
 
     # chunk_kda_fwd_intra (k's dims; HV from g)
-    B, T, H, K = k.shape
-    HV = g.shape[2]
-    Aqk = _empty((B, T, HV, BT), k.dtype, device)
-    Akk = torch.zeros((B, T, HV, BT), dtype=k.dtype, device=device)
-    Akkd = _empty((B, T, HV, _BC), torch.float32, device)
     if lower_bound is not None:  # chunk_kda_fwd_kernel_intra_sub_chunk
         launch("intra", (num_chunks, -(-BT // _BC), B * HV),
                q, k, g, beta, Aqk, Akkd, scale, cu_seqlens, chunk_indices, T,
@@ -195,34 +239,19 @@ def _forward(launch, consts, q, k, v, raw_g, raw_beta, A_log, g_bias, scale,
            q, k, g, beta, Aqk, Akkd, Akk, scale, cu_seqlens, chunk_indices, T,
            H, HV, K, BT, _BC, consts["inter_solve_BK"], True,
            lower_bound is not None, consts["solve_tril_precision"])  # fmt: skip
-    del Akkd
 
     # recompute_w_u_fwd (A is Akk; k's dims)
-    V = v.shape[-1]
-    w = _empty(k.shape, k.dtype, device)
-    u = _empty(v.shape, v.dtype, device)
-    kg = _empty(k.shape, k.dtype, device)
     launch("recompute_w_u", (num_chunks, B * H, 1),
            None, k, None, kg, v, beta, w, u, Akk, g, cu_seqlens, chunk_indices,
            T, H, K, V, BT, 64, 64, False, True, True, "ieee")  # fmt: skip
-    del Akk
 
     # chunk_gated_delta_rule_fwd_h (k is kg, v is u)
-    Hg, HU = kg.shape[2], u.shape[-2]
-    h = _empty((B, num_chunks, HU, V, K), kg.dtype, device)
-    final_state = (
-        _empty((num_seqs, HU, V, K), torch.float32, device)
-        if output_final_state
-        else None
-    )
-    v_new = _empty(u.shape, u.dtype, device)
     delta_bv = consts["delta_h_BV"]
     launch("delta_h", (-(-V // delta_bv), num_seqs * HU, 1),
            kg, u, w, v_new, None, g, h, initial_state, final_state, cu_seqlens,
-           chunk_offsets, T, HU, Hg, K, V, BT, delta_bv, False, True,
+           chunk_offsets, T, HU, H, K, V, BT, delta_bv, False, True,
            initial_state is not None, final_state is not None, True, True,
            True)  # fmt: skip
-    del w, u, kg
 
     # chunk_gla_fwd_o_gk, written over v (q's dims)
     B, T, H, K = q.shape
@@ -468,57 +497,134 @@ def chunk_kda_launched(vendored, q, k, v, raw_g, raw_beta, A_log, g_bias,
     return out
 
 
+# The warm-up's first call of a layer is the one that autotunes (the
+# vendored path's first call of an autotune key picks the configuration that
+# every later call, of any size, runs with: no key holds the token count):
+# a full step's tokens, as a busy server's first prefill has, at most this.
+AUTOTUNE_TOKENS_MAX = 8192
+# Then every token count 1 to 32, in a forward of as many tokens and of one
+# more (padding): the integers Triton specializes that move with the token
+# count (the rows of q and k, raw_beta's outer stride) are multiples of the
+# token count or of the padded count, so these meet every combination of
+# their classes that any counts can reach (below 2**31 elements).
+CLASS_TOKENS = range(1, 33)
+PADDINGS = (0, 1)
+
+
+class LayerCalls:
+    """chunk_kda_with_fused_gate calls laid out as a Kimi KDA layer
+    (``KimiGatedDeltaNetAttention`` with the series) makes them, on buffers
+    made once: raw_beta a view of the fused input projection's output cut by
+    the layer's own ``split_projection``, then ``unsqueeze(0)`` and the
+    first tokens (``forward``, ``_forward``); raw_g the first tokens of the
+    gate projection's output; q, k, v dense (the convolution's outputs);
+    the layer's own A_log, dt_bias and gate_lower_bound."""
+
+    def __init__(self, layer, max_tokens: int, device: torch.device):
+        self.layer = layer
+        heads, dim = layer.local_num_heads, layer.head_dim
+        # What the projections (and so the convolutions) output.
+        dtype = layer.in_proj_qkvgfab.params_dtype
+        width = layer.in_proj_qkvgfab.output_size_per_partition
+        # Not the global generator: the warm-up must not move a seeded run.
+        generator = torch.Generator(device=device).manual_seed(0)
+
+        def randn(*size, dtype=dtype):
+            return torch.randn(*size, dtype=dtype, device=device, generator=generator)
+
+        padded = max_tokens + max(PADDINGS)
+        self.device = device
+        self.projected = randn(padded, width)
+        self.q, self.k, self.v = (randn(1, max_tokens, heads, dim) for _ in "qkv")
+        self.gate = randn(1, padded, heads, dim)
+        self.state = randn(1, heads, dim, dim, dtype=torch.float32)
+
+    def __call__(self, tokens: int, padded: int, gathered: bool) -> tuple:
+        """The arguments of the layer's call for one prefill of ``tokens``
+        tokens in a forward of ``padded`` tokens. ``gathered``: a batch with
+        speculative decodes, whose other tokens the layer gathers with
+        ``index_select`` (dense copies) before the call."""
+        layer, device = self.layer, self.device
+        beta = layer.split_projection(self.projected[:padded])[3]
+        beta = beta.unsqueeze(0)[:, :tokens]
+        raw_g = self.gate[:, :padded][:, :tokens]
+        if gathered:
+            index = torch.arange(tokens, device=device)
+            beta, raw_g = beta.index_select(1, index), raw_g.index_select(1, index)
+        chunks = -(-tokens // FLA_CHUNK_SIZE)
+        chunk_indices = torch.zeros(chunks, 2, dtype=torch.int32)
+        chunk_indices[:, 1] = torch.arange(chunks)
+        return (
+            self.q[:, :tokens], self.k[:, :tokens], self.v[:, :tokens], raw_g,
+            beta, layer.A_log, layer.dt_bias, None, self.state, True,
+            layer.gate_lower_bound, True,
+            torch.tensor([0, tokens], dtype=torch.int32, device=device),
+            chunk_indices.to(device),
+            torch.tensor([0, chunks], dtype=torch.int64, device=device),
+        )  # fmt: skip
+
+
+def warm_up_calls(layer, max_num_batched_tokens: int, device):
+    """The calls the warm-up makes for one layer, the autotuning one first."""
+    device = torch.device(device)
+    first = max(1, min(max_num_batched_tokens, AUTOTUNE_TOKENS_MAX))
+    calls = LayerCalls(layer, max(first, CLASS_TOKENS[-1]), device)
+    yield calls(first, first, False)
+    for tokens in CLASS_TOKENS:
+        for padding in PADDINGS:
+            yield calls(tokens, tokens + padding, False)
+        yield calls(tokens, tokens, True)
+
+
+def call_kind(args: tuple) -> tuple:
+    """The kind (plan key) of a chunk_kda_with_fused_gate call, from its
+    arguments in the function's parameter order."""
+    return _call_key(*prepare(*args))
+
+
 @dataclass(frozen=True)
 class WarmUp:
     """What warm_up_chunk_kda did."""
 
-    plans: int  # plans ready now
+    layers: int  # layers warmed up
+    kinds: int  # kinds of call those layers' warm-up calls are of
+    plans: int  # plans ready now (any layer)
     made: int  # of those, made by this call
     seconds: float
 
 
 def warm_up_chunk_kda(
-    num_heads: int,
-    head_dim: int,
-    dtype: torch.dtype,
-    state_dtype: torch.dtype,
-    param_dtype: torch.dtype,
-    lower_bound: float | None,
-    device: torch.device | str,
-    vendored,
-    token_counts=range(1, 33),
+    layers, max_num_batched_tokens: int, device: torch.device | str, vendored=None
 ) -> WarmUp:
-    """Make the plans a Kimi KDA layer's prefill calls reach, before serving:
-    one call per token count in ``token_counts`` (1 to 32 meets every class
-    a token count can put the specialized integers in), contiguous inputs of
-    the layer's shapes and dtypes, a 16-byte-aligned cu_seqlens. Each new
-    kind runs the vendored path once (autotuning and compiling as 0.27.1
-    would on its first prefill) and is pinned."""
+    """Make the plans that Kimi KDA layers' prefill calls reach, before
+    serving: for each layer the calls of ``warm_up_calls``; a kind of call
+    without a plan runs the vendored path once (autotuning and compiling
+    as 0.27.1 would on its first prefill), and its plan is made. Elsewhere
+    than on a GPU with direct launches nothing runs; the kinds are still
+    counted."""
     start = time.perf_counter()
     before = STATS["plans_made"]
     device = torch.device(device)
-    if DIRECT and device.type == "cuda":
-
-        def randn(*size, dtype=dtype):
-            return torch.randn(*size, dtype=dtype, device=device)
-
-        for tokens in token_counts:
-            shape = (1, tokens, num_heads, head_dim)
-            chunks = -(-tokens // FLA_CHUNK_SIZE)
-            rows = torch.arange(chunks, dtype=torch.int32)
-            chunk_indices = torch.stack([torch.zeros_like(rows), rows], 1)
-            chunk_kda_launched(
-                vendored, randn(*shape), randn(*shape), randn(*shape),
-                randn(*shape), randn(1, tokens, num_heads),
-                randn(num_heads, dtype=param_dtype),
-                randn(num_heads * head_dim, dtype=param_dtype), None,
-                randn(1, num_heads, head_dim, head_dim, dtype=state_dtype), True,
-                lower_bound, True,
-                torch.tensor([0, tokens], dtype=torch.int32, device=device),
-                chunk_indices.to(device),
-                torch.tensor([0, chunks], dtype=torch.int64, device=device),
-            )  # fmt: skip
+    run = DIRECT and device.type == "cuda"
+    if run and vendored is None:
+        from .chunk import vendored_chunk_kda_with_fused_gate as vendored
+    kinds: set[tuple] = set()
+    tried: set[tuple] = set()
+    count = 0
+    for layer in layers:
+        count += 1
+        for args in warm_up_calls(layer, max_num_batched_tokens, device):
+            kind = call_kind(args)
+            kinds.add(kind)
+            if run and kind not in _PLANS and kind not in tried:
+                tried.add(kind)
+                chunk_kda_launched(vendored, *args)
+    if run:
         torch.cuda.synchronize(device)
     return WarmUp(
-        len(_PLANS), STATS["plans_made"] - before, time.perf_counter() - start
+        count,
+        len(kinds),
+        len(_PLANS),
+        STATS["plans_made"] - before,
+        time.perf_counter() - start,
     )

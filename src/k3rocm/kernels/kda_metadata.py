@@ -247,6 +247,18 @@ def prepare_chunk_metadata_device(
     return chunk_indices, chunk_offsets
 
 
+def kimi_kda_layers(vllm_config: "VllmConfig", layer_names: list[str]) -> list:
+    """The Kimi KDA layers (the series' KimiGatedDeltaNetAttention, which
+    has ``split_projection``) among ``layer_names``, as the model registered
+    them in the forward context."""
+    context = vllm_config.compilation_config.static_forward_context
+    return [
+        context[name]
+        for name in layer_names
+        if hasattr(context.get(name), "split_projection")
+    ]
+
+
 class KimiK3ROCmKDAMetadataBuilder(GDNAttentionMetadataBuilder):
     """GDN metadata builder whose chunk metadata is made on the device.
 
@@ -256,7 +268,9 @@ class KimiK3ROCmKDAMetadataBuilder(GDNAttentionMetadataBuilder):
     describes exactly what the layer hands the kernel.
 
     Built before the server reports ready, it compiles every kernel variant
-    its scheduler limits can reach, so no serving step waits on a compile.
+    its scheduler limits can reach, and plans every kind of chunk KDA call
+    its layers can make (kda_chunk_launch.py), so no serving step waits on
+    a compile or an autotune.
     """
 
     def __init__(
@@ -279,6 +293,23 @@ class KimiK3ROCmKDAMetadataBuilder(GDNAttentionMetadataBuilder):
             scheduler.max_num_seqs,
             scheduler.max_num_batched_tokens,
             self.chunk_metadata_warm_up.seconds,
+        )
+        # The chunk KDA forward's precompiled launches: every kind of call
+        # this group's Kimi KDA layers can make, planned before serving.
+        from .ops.third_party.kda.kda_chunk_launch import warm_up_chunk_kda
+
+        layers = kimi_kda_layers(vllm_config, layer_names)
+        self.chunk_kda_warm_up = warm_up_chunk_kda(
+            layers, scheduler.max_num_batched_tokens, device
+        )
+        logger.info(
+            "KDA chunk launches: %d plans ready (%d made now) for %d layers, "
+            "%d kinds of call, in %.2f s",
+            self.chunk_kda_warm_up.plans,
+            self.chunk_kda_warm_up.made,
+            self.chunk_kda_warm_up.layers,
+            self.chunk_kda_warm_up.kinds,
+            self.chunk_kda_warm_up.seconds,
         )
 
     def _build_chunk_metadata(
