@@ -4,7 +4,7 @@
 #   build-steps.sh wheel     build the k3rocm wheel from the checkout (builder stage)
 #   build-steps.sh install   pinned, hash-checked tools + the k3rocm wheel
 #   build-steps.sh patch     assert the base (vLLM, ROCm), apply the series
-#   build-steps.sh finish    versions file, runtime user and directories
+#   build-steps.sh finish    versions file, SBOM, runtime user and directories
 # Inputs (build arguments in the Dockerfile): K3_SOURCE_DIR (checkout, wheel),
 # K3_DIST (where the wheel goes / comes from), K3_WHEELHOUSE (offline wheels;
 # PyPI when it holds none), ROCM_VERSION, K3_SERIES_ID, K3_UID. K3_PYTHON
@@ -64,6 +64,10 @@ patch() {
 finish() {
   "$python" -m k3rocm.image versions --rocm-root "$rocm_root" \
     --out "$root/etc/k3rocm/versions.json"
+  # What the image holds, for scanners: Python and OS packages, and the
+  # patched vLLM's pedigree (the series' patches).
+  "$python" -m k3rocm.sbom --out "$root/etc/k3rocm/sbom.cdx.json" \
+    --require "$here/requirements.txt"
   # The GPU device nodes belong to video and render; the base image may lack
   # a render group (its GID is the host's anyway: compose adds it by number).
   local group

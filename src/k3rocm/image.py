@@ -96,11 +96,18 @@ def patch(target: Path, series: Series, expected_series_id: str | None) -> str:
     return f"series {series.series_id} applied to vLLM {state.vllm_version} in {target}"
 
 
+def base_digest(reference: str) -> str | None:
+    _, at, digest = reference.partition("@")
+    return digest if at and digest.startswith("sha256:") else None
+
+
 def versions(target: Path, series: Series, rocm_root: Path) -> dict:
     """What the image holds; the build arguments name the image itself."""
     recorded: dict[str, str | None] = {
         "image_tag": os.environ.get("K3_IMAGE_VERSION"),
         "base_image": os.environ.get("BASE_IMAGE"),
+        # Pinned only when built from name@sha256:...; a tag may move.
+        "base_image_digest": base_digest(os.environ.get("BASE_IMAGE") or ""),
         "git_revision": os.environ.get("K3_GIT_REVISION"),
     }
     for name in _RECORDED_DISTRIBUTIONS:
