@@ -22,7 +22,7 @@ from k3rocm.image import BASE_IMAGE, image_tag
 from k3rocm.launcher.profiles import AMD_ENV
 from k3rocm.launcher.settings import SETTINGS
 from k3rocm.series import Series
-from k3rocm.setting_table import FORENSICS_DIR, STALL_SECONDS
+from k3rocm.setting_table import FORENSICS_DIR, KDA_METADATA, STALL_SECONDS
 from k3rocm.status import LOAD_ALERT_ENV, STATUS_PORT_ENV
 from k3rocm.stop_budget import DEFAULT_GRACE_SECONDS, GRACE_ENV
 from k3rocm.supervise import DEFAULTS
@@ -127,6 +127,7 @@ def test_server_gets_an_allow_list_of_variables_and_no_secrets():
         | set(SMOKE_SETTINGS)
         | {STATUS_PORT_ENV, LOAD_ALERT_ENV}
         | {STALL_SECONDS.env, FORENSICS_DIR.env}
+        | {KDA_METADATA.env}  # the patched Kimi KDA layer reads it
         | {name for name, _ in AMD_ENV}
         | {"HF_TOKEN_PATH"}
     )

@@ -183,12 +183,18 @@ def test_settings_the_launcher_refuses_end_the_container_at_once_with_2(containe
     """Refused settings are the operator's to fix: one line each and exit 2
     before anything starts, never retried as crashes."""
     started = time.monotonic()
-    tree = container(K3_PROFILE="no-such-profile", K3_STALL_SECONDS="3")
+    tree = container(
+        K3_PROFILE="no-such-profile", K3_STALL_SECONDS="3", K3_KDA_METADATA="gpu"
+    )
     assert tree.wait_exit(60) == 2
     assert time.monotonic() - started < 30
     refused = [line for line in tree.log.splitlines() if "cannot start: " in line]
     assert any("K3_PROFILE" in line and "no-such-profile" in line for line in refused)
     assert any("K3_STALL_SECONDS is '3'" in line for line in refused)
+    assert any(
+        "K3_KDA_METADATA is 'gpu'; set one of device, legacy" in line
+        for line in refused
+    )
     assert refused[-1].endswith(
         "fix the settings above, then start the container again"
     )

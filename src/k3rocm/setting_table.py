@@ -76,6 +76,17 @@ class Setting:
             )
         return int(text)
 
+    def choice(self, environ: Mapping[str, str], choices: tuple[str, ...]) -> str:
+        """The value, one of choices; ValueError says what is wrong and what
+        to set."""
+        text = self.text(environ)
+        if text not in choices:
+            raise ValueError(
+                f"{self.env} is {text[:40]!r}; set one of {', '.join(choices)} "
+                f"(default {env_text(self.default)})"
+            )
+        return text
+
 
 def _launcher(name: str, default: Default, meaning: str, **rest) -> Setting:
     return Setting(
@@ -271,6 +282,19 @@ FORENSICS_DIR = Setting(
     Path("/home/k3/.cache/k3rocm/forensics"),
     "Where stall stack dumps are kept (on the cache volume, so they outlive "
     "the container).",
+    CONTAINER,
+)
+# The ROCm Kimi KDA layer's chunk metadata: built on the GPU by the series
+# (the stall-free prefill path), or vLLM 0.27.1's own build (its `.tolist()`
+# stall), so that one image can be compared against itself.
+KDA_METADATA_PATHS = ("device", "legacy")
+KDA_METADATA = Setting(
+    "kda_metadata",
+    "K3_KDA_METADATA",
+    KDA_METADATA_PATHS[0],
+    "`device`: the series' stall-free prefill path (KDA chunk metadata built "
+    "on the GPU). `legacy`: vLLM 0.27.1's own path, stall included, to compare "
+    'one image against itself (README, "Check it on your hardware").',
     CONTAINER,
 )
 

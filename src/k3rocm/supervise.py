@@ -53,6 +53,8 @@ from k3rocm.guard import EXIT_SMOKE, EXIT_USAGE, EXIT_VLLM, listen, log
 from k3rocm.jit_locks import sweep as sweep_jit_locks
 from k3rocm.launcher.__main__ import check as check_launch
 from k3rocm.setting_table import (
+    KDA_METADATA,
+    KDA_METADATA_PATHS,
     RUN_DIR,
     SMOKE_STAGE1_TIMEOUT,
     SUPERVISORD_CONF,
@@ -128,6 +130,10 @@ def run() -> int:
     _, _, problems = check_launch([], os.environ)
     try:
         status_settings(os.environ)  # the container's own settings
+    except ValueError as err:
+        problems.append(str(err))
+    try:
+        KDA_METADATA.choice(os.environ, KDA_METADATA_PATHS)
     except ValueError as err:
         problems.append(str(err))
     problems += unwritable(os.environ)
