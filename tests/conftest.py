@@ -11,6 +11,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
 from docker_images import build_image, build_standin, require_engine, tiny_model_dir
+from registry import PUSHED, build_image_push, running_registry
 from vllm_trees import patched_tree
 
 PATCHED_ROOT = patched_tree()
@@ -40,6 +41,33 @@ def standin() -> str:
 @pytest.fixture(scope="session")
 def image(standin) -> str:
     return build_image(standin)
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory):
+    """A real registry on a loopback port, for the whole session."""
+    require_engine()
+    with running_registry(tmp_path_factory.mktemp("registry")) as address:
+        yield address
+
+
+@pytest.fixture(scope="session")
+def pushed_image(standin, image, registry) -> dict:
+    """The image pushed by scripts/build-image --push (the build reuses the
+    session image's layers): its reference pinned by the registry's digest."""
+    pushed = build_image_push(standin, f"{registry}/kimi-k3-rocm")
+    assert pushed.returncode == 0, pushed.stdout[-3000:] + pushed.stderr[-3000:]
+    match = PUSHED.search(pushed.stdout)
+    assert match, pushed.stdout[-3000:]
+    repo, tag, digest = match.groups()
+    return {
+        "registry": registry,
+        "repo": repo,
+        "tag": tag,
+        "digest": digest,
+        "ref": f"{repo}:{tag}@{digest}",
+        "output": pushed.stdout + pushed.stderr,
+    }
 
 
 @pytest.fixture(scope="session")

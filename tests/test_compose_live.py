@@ -91,8 +91,13 @@ def secret_file(path: Path, text: str, owner: int = 1000) -> Path:
 
 
 @pytest.fixture(scope="module")
-def project(image, standin, model, tmp_path_factory):
+def project(image, standin, model, pushed_image, tmp_path_factory):
+    """The stack as an operator pinning by digest runs it: K3_IMAGE is the
+    pushed REPO:TAG@sha256:... and no local copy of the image exists, so the
+    engine pulls it from the registry (and checks the digest)."""
     tmp = tmp_path_factory.mktemp("compose")
+    pinned = pushed_image["ref"]
+    untag_everywhere(image)
     prometheus = debian_image(
         standin, "prometheus", PROMETHEUS_IMAGE, tmp / "prometheus-image"
     )
@@ -112,7 +117,7 @@ def project(image, standin, model, tmp_path_factory):
         yaml.safe_dump(
             {
                 "services": {
-                    "kimi-k3": {"image": image, "environment": cpu_env},
+                    "kimi-k3": {"environment": cpu_env},
                     "prometheus": {"image": prometheus},
                     "alertmanager": {"image": alertmanager},
                 }
@@ -124,6 +129,7 @@ def project(image, standin, model, tmp_path_factory):
         key: value for key, value in CPU_DEV_ENV.items() if key not in CPU_ONLY_ENV
     }
     settings |= {
+        "K3_IMAGE": pinned,
         "K3_MODELS_DIR": str(model),
         "K3_MODEL": "/models",
         "K3_API_PORT": str(api_port),
@@ -152,6 +158,9 @@ def project(image, standin, model, tmp_path_factory):
             "server": compose(
                 "ps", "-q", "kimi-k3", files=files, env_file=env_file
             ).strip(),
+            "pinned": pinned,
+            "files": files,
+            "env_file": env_file,
         }
     finally:
         subprocess.run(
@@ -176,6 +185,17 @@ def project(image, standin, model, tmp_path_factory):
             capture_output=True,
             timeout=300,
         )
+        # The other container tests run the session's tag: the same image.
+        docker("pull", pinned, timeout=1800)
+        docker("tag", pinned, image)
+
+
+def untag_everywhere(image: str) -> None:
+    """Remove every local tag of the image, so that none of its layers is
+    left and the compose start must pull it."""
+    tags = json.loads(docker("image", "inspect", image).stdout)[0]["RepoTags"]
+    removed = docker("rmi", *tags).stdout
+    assert "Deleted: sha256:" in removed, removed
 
 
 def wait_for(what: str, condition, timeout: float, diagnose=lambda: "") -> None:
@@ -200,6 +220,8 @@ def test_the_server_comes_up_healthy_with_its_api_key(project):
         480,
         lambda: docker("logs", server, check=False).stderr[-4000:],
     )
+    # The pinned reference, pulled from the registry, is what runs.
+    assert container_state(server)["Config"]["Image"] == project["pinned"]
     body = {"model": "kimi-k3", "prompt": "a b", "max_tokens": 4}
     assert http(f"{project['api']}/v1/completions", body)[0] == 401
     key = {"Authorization": f"Bearer {SECRETS['api_key']}"}
@@ -290,6 +312,29 @@ def test_compiled_triton_kernels_land_in_the_cache_volume(project):
     volume = json.loads(docker("volume", "inspect", f"{PROJECT}_k3-cache").stdout)[0]
     cached = list(Path(volume["Mountpoint"], "triton").rglob("*.json"))
     assert cached, f"nothing under the volume's triton/ after compiling {kernel_hash}"
+
+
+def test_a_digest_the_registry_lacks_is_refused_with_the_engines_message(project):
+    """K3_IMAGE pinned to a digest that does not match: the engine refuses
+    the pull; this is the line the operator sees."""
+    repo_and_tag = project["pinned"].rsplit("@", 1)[0]
+    wrong = f"{repo_and_tag}@sha256:{'0' * 64}"
+    env_file = project["env_file"].with_name("wrong-digest.env")
+    env_file.write_text(
+        project["env_file"].read_text().replace(project["pinned"], wrong)
+    )
+    command = ["docker-compose", "--project-name", f"{PROJECT}wrong"]
+    command += ["--project-directory", str(REPO), "--env-file", str(env_file)]
+    for file in project["files"]:
+        command += ["--file", str(file)]
+    result = subprocess.run(
+        [*command, "pull", "kimi-k3"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode != 0
+    assert f"manifest for {wrong} not found: manifest unknown" in result.stderr, (
+        result.stderr
+    )
+    print(f"operator sees: {result.stderr.strip().splitlines()[-1]}")
 
 
 def test_readmes_process_listing_works_in_a_compose_container(project):
