@@ -65,10 +65,7 @@ def test_patches_with_an_upstream_pull_request_are_backports(tmp_path):
     copy = tmp_path / "patches"
     shutil.copytree(REPO / "patches", copy)
     first, *rest = SERIES.patches
-    manifest = (copy / "series.toml").read_text()
-    manifest = "\n".join(
-        line for line in manifest.splitlines() if not line.startswith("[upstream")
-    )
+    manifest = (copy / "series.toml").read_text().split("\n[upstream.", 1)[0]
     manifest += (
         f'\n[upstream."{first.name}"]\npull_request = "vllm-project/vllm#1"\n'
         'state = "merged in 9.9.9"\nurl = "https://github.com/vllm-project/vllm/pull/1"\n'
@@ -83,6 +80,22 @@ def test_patches_with_an_upstream_pull_request_are_backports(tmp_path):
         "https://github.com/vllm-project/vllm/pull/1"
     ]
     assert [p["type"] for p in patches[1:]] == ["unofficial"] * len(rest)
+
+
+def test_the_shipped_series_backports_the_upstream_change():
+    patches = patched_component(sbom.bom(SERIES, None))["pedigree"]["patches"]
+    kinds = {p["diff"]["url"]: p["type"] for p in patches}
+    backports = sorted(url for url, kind in kinds.items() if kind == "backport")
+    assert backports == [
+        "patches/0002-kimi-k3-rocm-kda-backend.patch",
+        "patches/0003-amd-kda-chunk-metadata-args.patch",
+        "patches/0004-kimi-kda-layer-rocm-wiring.patch",
+    ]
+    for patch in patches:
+        for resolved in patch.get("resolves", []):
+            assert resolved["name"] == (
+                "vllm-project/vllm#51862 (merged, released in vLLM 0.28.0)"
+            )
 
 
 def test_installed_os_packages_from_dpkg(tmp_path):
