@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from http.client import HTTPException
 from pathlib import Path
 
 import pytest
@@ -340,7 +341,8 @@ class Stream(threading.Thread):
                             self.tokens = event["usage"]["completion_tokens"]
                         else:
                             self.events += 1
-        except OSError as err:
+        except (OSError, HTTPException, ValueError) as err:
+            # A connection cut mid-stream ends the read with IncompleteRead.
             self.errors.append(repr(err))
 
 
