@@ -152,6 +152,43 @@ def test_layer_selects_the_rocm_backend_only_on_rocm(layer, monkeypatch):
     assert backend.get_builder_cls() is KimiK3ROCmKDAMetadataBuilder
 
 
+@pytest.mark.parametrize("value", ["device", "", " device "])
+def test_k3_kda_metadata_device_keeps_the_series_builder(layer, monkeypatch, value):
+    monkeypatch.setenv("K3_KDA_METADATA", value)
+    monkeypatch.setattr(current_platform, "is_rocm", lambda: True)
+    assert layer.get_attn_backend().get_builder_cls() is KimiK3ROCmKDAMetadataBuilder
+
+
+def test_k3_kda_metadata_legacy_takes_the_0271_builder_on_rocm(layer, monkeypatch):
+    """The A/B switch: on ROCm, legacy is vLLM 0.27.1's own path, the generic
+    GDN builder (and, below, no metadata handed to the kernel)."""
+    monkeypatch.setenv("K3_KDA_METADATA", "legacy")
+    monkeypatch.setattr(current_platform, "is_rocm", lambda: True)
+    backend = layer.get_attn_backend()
+    assert backend is GDNAttentionBackend
+    assert backend.get_builder_cls() is GDNAttentionMetadataBuilder
+    monkeypatch.setenv("K3_KDA_METADATA", "device")
+    assert layer.get_attn_backend() is KimiK3ROCmKDABackend
+
+
+def test_k3_kda_metadata_other_values_are_refused(layer, monkeypatch):
+    monkeypatch.setenv("K3_KDA_METADATA", "gpu")
+    monkeypatch.setattr(current_platform, "is_rocm", lambda: True)
+    with pytest.raises(ValueError, match="K3_KDA_METADATA is 'gpu'; set one of"):
+        layer.get_attn_backend()
+
+
+def test_legacy_on_rocm_hands_the_kernel_no_metadata(
+    layer, vllm_config, recorder, on_rocm, monkeypatch
+):
+    monkeypatch.setenv("K3_KDA_METADATA", "legacy")
+    batch = Batch([], 3, [130, 70], 1, [5, 9, 2, 0, 0, 0])
+    metadata = build(make_builder(GDNAttentionMetadataBuilder, 0), batch, 0)
+    run_forward(layer, vllm_config, metadata)
+    (call,) = recorder.calls
+    assert "chunk_indices" not in call and "chunk_offsets" not in call
+
+
 @settings(
     max_examples=25,
     deadline=None,
