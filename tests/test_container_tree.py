@@ -61,6 +61,7 @@ def test_smoke_passes_then_sigterm_stops_vllm_gracefully(container):
     assert report["verdict"] == "pass", report
     assert checks(report, "stage1") == {
         "patch marker": "pass",
+        "kda metadata path": "pass",
         "kimi backend": "skip",
         "device kernel": "pass",
         "no device sync": "skip",
@@ -71,7 +72,8 @@ def test_smoke_passes_then_sigterm_stops_vllm_gracefully(container):
         "prefill metrics": "pass",
         "sampled completion": "pass",
     }
-    assert "not ROCm" in report["stages"]["stage1"]["checks"][1]["detail"]
+    assert "not ROCm" in report["stages"]["stage1"]["checks"][2]["detail"]
+    assert report["stages"]["stage1"]["checks"][1]["detail"].startswith("device: ")
     assert "k3rocm.smoke: verdict=pass policy=stop" in tree.log
     assert "the engine stalled" not in tree.log
     health = tree.health()

@@ -23,11 +23,15 @@ def statuses(stage: Stage) -> dict[str, str]:
     return {check.name: check.status for check in stage.checks}
 
 
-def test_stage1_on_cpu_runs_the_kernel_interpreted_and_skips_gpu_checks():
+def test_stage1_on_cpu_runs_the_kernel_interpreted_and_skips_gpu_checks(
+    monkeypatch,
+):
+    monkeypatch.delenv("K3_KDA_METADATA", raising=False)
     stage = Stage()
     run_stage1(stage, SERIES)
     assert statuses(stage) == {
         "patch marker": "pass",
+        "kda metadata path": "pass",
         "kimi backend": "skip",
         "device kernel": "pass",
         "no device sync": "skip",
@@ -36,6 +40,27 @@ def test_stage1_on_cpu_runs_the_kernel_interpreted_and_skips_gpu_checks():
     assert "on cpu" in details["device kernel"]
     assert "not ROCm" in details["kimi backend"]
     assert "no GPU" in details["no device sync"]
+    assert details["kda metadata path"].startswith("device: ")
+
+
+def test_stage1_reports_the_legacy_path_and_refuses_other_values(monkeypatch):
+    from vllm.platforms import current_platform
+
+    monkeypatch.setenv("K3_KDA_METADATA", "legacy")
+    monkeypatch.setattr(current_platform, "is_rocm", lambda: True)
+    stage = Stage()
+    run_stage1(stage, SERIES)
+    details = {check.name: check.detail for check in stage.checks}
+    assert statuses(stage)["kda metadata path"] == "pass"
+    assert "expected" in details["kda metadata path"]
+    # On ROCm, legacy resolves the real layer to vLLM 0.27.1's backend.
+    assert statuses(stage)["kimi backend"] == "pass"
+    assert "GDN_ATTN (K3_KDA_METADATA=legacy)" in details["kimi backend"]
+    monkeypatch.setenv("K3_KDA_METADATA", "fast")
+    stage = Stage()
+    run_stage1(stage, SERIES)
+    assert statuses(stage)["kda metadata path"] == "fail"
+    assert "kimi backend" not in statuses(stage)
 
 
 def test_kernel_check_catches_metadata_that_differs_from_the_reference():

@@ -3,10 +3,12 @@ device-kernel checks (``kernel_checks``)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from k3rocm import patchset
 from k3rocm.series import Series
+from k3rocm.setting_table import KDA_METADATA, KDA_METADATA_PATHS
 from k3rocm.smoke.kernel_checks import (
     check_kernel_battery,
     check_no_sync,
@@ -16,6 +18,30 @@ from k3rocm.smoke.report import Stage
 from k3rocm.states import PatchState, Verdict
 
 BACKEND_NAME = "KIMI_K3_KDA_ROCM"
+# What the layer resolves to with K3_KDA_METADATA=legacy: vLLM 0.27.1's own.
+LEGACY_BACKEND_NAME = "GDN_ATTN"
+
+
+def check_metadata_path(stage: Stage) -> str | None:
+    """Which chunk metadata path this server runs (K3_KDA_METADATA); None
+    when the value is not one of them (a failed check)."""
+    try:
+        path = KDA_METADATA.choice(os.environ, KDA_METADATA_PATHS)
+    except ValueError as err:
+        stage.add("kda metadata path", Verdict.FAIL, str(err))
+        return None
+    if path == KDA_METADATA_PATHS[0]:
+        stage.add("kda metadata path", Verdict.PASS, "device: the stall-free path")
+    else:
+        stage.add(
+            "kda metadata path",
+            Verdict.PASS,
+            "legacy: vLLM 0.27.1's own path with its device-to-host stall, as "
+            "asked (an A/B run); the checks below still test the series' "
+            "builder, which this server does not use, so a differing "
+            "no-device-sync verdict is expected",
+        )
+    return path
 
 
 def check_patch_marker(stage: Stage, series: Series, target: Path) -> bool:
@@ -39,7 +65,7 @@ def check_patch_marker(stage: Stage, series: Series, target: Path) -> bool:
     )
 
 
-def check_kimi_backend(stage: Stage) -> bool:
+def check_kimi_backend(stage: Stage, path: str = KDA_METADATA_PATHS[0]) -> bool:
     from vllm.platforms import current_platform
 
     if not current_platform.is_rocm():
@@ -56,14 +82,18 @@ def check_kimi_backend(stage: Stage) -> bool:
     # get_attn_backend reads nothing from the layer on ROCm; a bare instance
     # (no weights, no config) asks the real method the real question.
     name = Layer.get_attn_backend(Layer.__new__(Layer)).get_name()
-    if name != BACKEND_NAME:
+    expected = BACKEND_NAME if path == KDA_METADATA_PATHS[0] else LEGACY_BACKEND_NAME
+    if name != expected:
         return stage.add(
             "kimi backend",
             Verdict.FAIL,
-            f"the Kimi KDA layer resolves to {name} on ROCm",
+            f"the Kimi KDA layer resolves to {name} on ROCm with "
+            f"{KDA_METADATA.env}={path}, not {expected}",
         )
     return stage.add(
-        "kimi backend", Verdict.PASS, f"the Kimi KDA layer resolves to {name}"
+        "kimi backend",
+        Verdict.PASS,
+        f"the Kimi KDA layer resolves to {name} ({KDA_METADATA.env}={path})",
     )
 
 
@@ -71,7 +101,10 @@ def run_stage1(stage: Stage, series: Series) -> None:
     # The vLLM this interpreter imports, as vLLM itself will.
     if not check_patch_marker(stage, series, patchset.find_installed_target()):
         return  # without the series, the other checks have nothing to check
-    check_kimi_backend(stage)
+    path = check_metadata_path(stage)
+    if path is None:
+        return
+    check_kimi_backend(stage, path)
     device = kernel_device()
     check_kernel_battery(stage, device)
     check_no_sync(stage, device)
