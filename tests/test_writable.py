@@ -63,6 +63,16 @@ def test_a_compile_cache_on_noexec_is_refused(tmp_path, variable):
     assert "mounted noexec" in found[0]
 
 
+def test_no_writable_place_at_all_is_named_not_raised(tmp_path):
+    """--read-only with no mount: even the temporary directory is refused,
+    in a line, not by tempfile's exception."""
+    with mounted(tmp_path / "ro", "ro") as read_only:
+        found = writable.problems(
+            {"HOME": str(read_only / "home"), "TMPDIR": str(read_only / "tmp")}
+        )
+    assert any(line.startswith("temporary files at ") for line in found), found
+
+
 def test_noexec_is_fine_where_nothing_is_loaded(tmp_path):
     """Docker's default --tmpfs for /tmp and the run directory is noexec."""
     with mounted(tmp_path / "noexec", "noexec") as noexec:

@@ -32,16 +32,18 @@ class Place:
 
 def places(environ: Mapping[str, str]) -> tuple[Place, ...]:
     home = environ.get("HOME", "/home/k3")
+    # Not tempfile.gettempdir(): it raises when no candidate is writable.
+    tmp = environ.get("TMPDIR", "").strip() or "/tmp"
     return (
         Place("the run directory", RUN_DIR.env, str(RUN_DIR.default), False),
-        Place("temporary files", "TMPDIR", tempfile.gettempdir(), False),
+        Place("temporary files", "TMPDIR", tmp, False),
         Place(
             "Triton's kernel cache", "TRITON_CACHE_DIR", f"{home}/.triton/cache", True
         ),
         Place(
             "torch inductor's cache (the compiled sampler)",
             "TORCHINDUCTOR_CACHE_DIR",
-            f"{tempfile.gettempdir()}/torchinductor_{os.environ.get('USER', 'k3')}",
+            f"{tmp}/torchinductor_{environ.get('USER', 'k3')}",
             True,
         ),
         Place("numba's cache", "NUMBA_CACHE_DIR", None, False),
