@@ -39,6 +39,8 @@ AMD_ENV = {
     "AITER_BF16_FP8_MOE_BOUND": "0",
     "VLLM_USE_BREAKABLE_CUDAGRAPH": "0",
 }
+# Beside the recipe's: the series' metadata path (K3_KDA_METADATA's default).
+KIMI_ENV = {**AMD_ENV, "K3_KDA_METADATA": "device"}
 RECIPE_ARGS = {
     "model_tag": "moonshotai/Kimi-K3",
     "served_model_name": ["kimi-k3"],
@@ -345,6 +347,11 @@ def test_dry_run_matches_golden(case, capsys):
     )
 
 
+def test_the_dry_run_shows_the_legacy_metadata_path(capsys):
+    assert main(["--dry-run"], {**BASE_ENV, "K3_KDA_METADATA": "legacy"}) == 0
+    assert "export K3_KDA_METADATA=legacy\n" in capsys.readouterr().out
+
+
 def test_no_stale_golden_files():
     on_disk = {path.stem for path in GOLDEN_DIR.glob("*.txt")}
     assert on_disk == set(GOLDEN_CASES)
@@ -364,7 +371,7 @@ def test_every_profile_and_feature_combination_parses(vllm_parsers, capsys):
             argv, exported = replay(script)
             args = vars(parse_with_vllm(vllm_parsers, argv, capsys))
             where = f"{variant.name} with {features}"
-            assert exported == AMD_ENV, where
+            assert exported == KIMI_ENV, where
             expected = {**RECIPE_ARGS, **variant.layout}
             for name in ALL_FEATURES:
                 for key, value in FEATURE_ARGS[name].items():
@@ -524,7 +531,7 @@ def test_two_node_commands_agree(vllm_parsers, capsys, profile):
     else:
         assert differing == {"node_rank", "headless"}
         assert not rank0["disable_log_stats"] and not rank1["disable_log_stats"]
-    assert env0 == env1 == AMD_ENV
+    assert env0 == env1 == KIMI_ENV
 
 
 @pytest.mark.parametrize(

@@ -337,6 +337,7 @@ class TestSingleApiServer:
             "patch_series": SERIES.series_id,
             "image_tag": "test-image:1",
             "rocm_version": "unknown",
+            "kda_metadata": "device",
         }
 
     def test_smoke_verdict_follows_the_report(self, single_server):

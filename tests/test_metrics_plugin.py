@@ -105,10 +105,20 @@ def test_build_info_in_a_registry_of_its_own(monkeypatch, tmp_path):
                 "patch_series": SERIES.series_id,
                 "image_tag": "registry-test:2",
                 "rocm_version": "unknown",
+                "kda_metadata": "device",
             },
         )
         == 1
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "label"), [("legacy", "legacy"), ("device", "device"), ("", "device"),
+                         ("Legacy", "invalid"), ("gpu", "invalid")]
+)  # fmt: skip
+def test_build_info_names_the_kda_metadata_path(monkeypatch, value, label):
+    monkeypatch.setenv("K3_KDA_METADATA", value)
+    assert build_info.build_info_labels()["kda_metadata"] == label
 
 
 def test_dummy_steps_are_counted_but_not_timed():

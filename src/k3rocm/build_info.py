@@ -4,7 +4,9 @@ Labels: vllm_version, patch_series (the applied series id, ``none`` for an
 unpatched vLLM, ``upstream`` for a vLLM that already has the change,
 ``invalid`` when the tree does not match its marker or the marker is not one
 the patch tool writes), image_tag and rocm_version (``unknown`` where not
-known). Nothing in the marker may fail vLLM's start: the plugin builds these
+known), kda_metadata (K3_KDA_METADATA: ``device``, the series' path, or
+``legacy``, vLLM 0.27.1's; ``invalid`` for anything else, which the layer
+refuses). Nothing in the marker may fail vLLM's start: the plugin builds these
 labels while vLLM sets up its stat loggers.
 """
 
@@ -22,12 +24,16 @@ from k3rocm.json_file import UnreadableJson, read_json_file
 from k3rocm.patchset import Refusal, find_installed_target, inspect
 from k3rocm.rocm import DEFAULT_ROCM_ROOT, RocmVersionError, read_rocm_version
 from k3rocm.series import MARKER_NAME, Series, SeriesError, default_series_dir
+from k3rocm.setting_table import KDA_METADATA, KDA_METADATA_PATHS
 from k3rocm.states import PatchState
 
 log = logging.getLogger(__name__)
 
 NAME = "k3rocm_build_info"
-DOCUMENTATION = "Build of this server: vLLM version, patch series, image, ROCm."
+DOCUMENTATION = (
+    "Build of this server: vLLM version, patch series, image, ROCm, and the "
+    "KDA metadata path it runs."
+)
 UNKNOWN = "unknown"
 INVALID = "invalid"
 
@@ -115,7 +121,13 @@ def build_info_labels() -> dict[str, str]:
         "patch_series": patch_series_label(),
         "image_tag": label_text(os.environ.get(IMAGE_TAG_ENV) or UNKNOWN),
         "rocm_version": rocm_version(),
+        "kda_metadata": kda_metadata_label(),
     }
+
+
+def kda_metadata_label() -> str:
+    path = KDA_METADATA.text(os.environ)
+    return path if path in KDA_METADATA_PATHS else INVALID
 
 
 def install_build_info(

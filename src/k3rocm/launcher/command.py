@@ -17,6 +17,7 @@ from k3rocm.launcher.profiles import (
     Profile,
 )
 from k3rocm.launcher.settings import LaunchSettings
+from k3rocm.setting_table import KDA_METADATA
 
 API_KEY_ENV = "VLLM_API_KEY"
 DEFAULT_VLLM_COMMAND = ("vllm", "serve")
@@ -59,6 +60,9 @@ def build_launch(
         # Operators may tune the recipe's variables; the required one was
         # checked before we got here.
         env += [(name, environ.get(name) or value) for name, value in AMD_ENV]
+        # Which metadata path the Kimi KDA layer takes (patch 0004 reads it;
+        # supervise run refused any other value): shown in the dry run.
+        env.append((KDA_METADATA.env, KDA_METADATA.text(environ)))
     if settings.max_num_seqs is not None:
         lines.append(("--max-num-seqs", str(settings.max_num_seqs)))
     if settings.max_model_len is not None:
