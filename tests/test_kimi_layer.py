@@ -73,8 +73,9 @@ def vllm_config():
         destroy_distributed_environment()
 
 
-@pytest.fixture(scope="module")
-def layer(vllm_config):
+def make_layer(vllm_config, prefix: str, **attention):
+    """A small Kimi KDA layer with a KV cache; attention adds to its
+    linear_attn_config."""
     hf_config = KimiLinearConfig(
         hidden_size=64,
         rms_norm_eps=1e-5,
@@ -84,12 +85,18 @@ def layer(vllm_config):
             "short_conv_kernel_size": 4,
             "kda_layers": [1],
             "full_attn_layers": [],
+            **attention,
         },
     )
-    layer = kimi_layer.KimiGatedDeltaNetAttention(hf_config, vllm_config, PREFIX)
+    layer = kimi_layer.KimiGatedDeltaNetAttention(hf_config, vllm_config, prefix)
     conv_shape, recurrent_shape = layer.get_state_shape()
     layer.kv_cache = (torch.zeros(64, *conv_shape), torch.zeros(64, *recurrent_shape))
     return layer
+
+
+@pytest.fixture(scope="module")
+def layer(vllm_config):
+    return make_layer(vllm_config, PREFIX)
 
 
 @pytest.fixture(scope="module")
@@ -235,24 +242,12 @@ MAX_TOKENS = 512
 def full_rank_layer(vllm_config):
     """A second layer with the full-rank output gate (another projection
     layout: raw_beta sits after the gate's columns, rows padded to 16)."""
-    hf_config = KimiLinearConfig(
-        hidden_size=64,
-        rms_norm_eps=1e-5,
-        linear_attn_config={
-            "head_dim": HEAD_DIM,
-            "num_heads": HEADS,
-            "short_conv_kernel_size": 4,
-            "kda_layers": [1],
-            "full_attn_layers": [],
-            "use_full_rank_gate": True,
-            "gate_lower_bound": -5.0,
-        },
+    return make_layer(
+        vllm_config,
+        "model.layers.1.self_attn",
+        use_full_rank_gate=True,
+        gate_lower_bound=-5.0,
     )
-    prefix = "model.layers.1.self_attn"
-    layer = kimi_layer.KimiGatedDeltaNetAttention(hf_config, vllm_config, prefix)
-    conv_shape, recurrent_shape = layer.get_state_shape()
-    layer.kv_cache = (torch.zeros(64, *conv_shape), torch.zeros(64, *recurrent_shape))
-    return layer
 
 
 def warm_up_kinds(layer) -> set:

@@ -50,24 +50,22 @@ def concurrencies(text: str) -> tuple[int, ...]:
     return values
 
 
-def fraction(text: str) -> float:
+def _number(text: str, fits, what: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number from 0 to 1")
+    if not fits(value):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {what}")
     return value
+
+
+def fraction(text: str) -> float:
+    return _number(text, lambda value: 0 <= value <= 1, "a number from 0 to 1")
 
 
 def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < 1e7:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds")
-    return value
+    return _number(text, lambda value: 0 < value < 1e7, "a number of seconds")
 
 
 def parser() -> argparse.ArgumentParser:
