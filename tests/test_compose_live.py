@@ -331,9 +331,10 @@ def test_a_digest_the_registry_lacks_is_refused_with_the_engines_message(project
         [*command, "pull", "kimi-k3"], capture_output=True, text=True, timeout=300
     )
     assert result.returncode != 0
-    assert f"manifest for {wrong} not found: manifest unknown" in result.stderr, (
-        result.stderr
-    )
+    # The engine names the repository and digest (a digest wins over the tag).
+    repository = repo_and_tag.rsplit(":", 1)[0]
+    refused = f"manifest for {repository}@sha256:{'0' * 64} not found: manifest unknown"
+    assert refused in result.stderr, result.stderr
     print(f"operator sees: {result.stderr.strip().splitlines()[-1]}")
 
 
