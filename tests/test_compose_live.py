@@ -439,12 +439,10 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
         lambda: server_logs(server)[-4000:],
     )
     stopped_after = time.monotonic() - started
-    # The streams the stall held end with an error, not a hang for ever.
+    # The streams the stall held end, cut off (no [DONE]), not hung for ever.
     for stream in streams:
         stream.join(60)
-    assert [(s.is_alive(), s.done, bool(s.errors)) for s in streams] == [
-        (False, False, True)
-    ] * 4
+    assert [(s.is_alive(), s.done) for s in streams] == [(False, False)] * 4
     health_lines = [
         line
         for line in health_loop.communicate(timeout=120)[0].splitlines()
