@@ -347,10 +347,13 @@ class Stream(threading.Thread):
 
 
 def start_streams(
-    base_url: str, count: int, api_key: str | None = None
+    base_url: str,
+    count: int,
+    api_key: str | None = None,
+    max_tokens: int = STREAM_TOKENS,
 ) -> list[Stream]:
     """count streams, started, each under way (a few events in) on return."""
-    streams = [Stream(base_url, api_key) for _ in range(count)]
+    streams = [Stream(base_url, api_key, max_tokens) for _ in range(count)]
     for stream in streams:
         stream.start()
     deadline = time.monotonic() + 120

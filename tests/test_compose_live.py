@@ -55,6 +55,8 @@ CPU_ONLY_ENV = {"VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TRITON_INTERPRET"}
 # The watchdog's stall time here: far above a CPU step of the tiny model,
 # short enough to wait for several times.
 STALL_SECONDS = 15
+# The longest stream the tiny model's 512-token context holds after its prompt.
+LONGEST_STREAM = 500
 
 
 def debian_image(base: str, command: str, name: str, context: Path) -> str:
@@ -391,13 +393,17 @@ def test_a_slow_but_progressing_engine_is_not_stalled(project):
     and shorter than the stall time."""
     server = project["server"]
     engine = vllm_processes(server)["VLLM::EngineCor"]
-    streams = start_streams(project["api"], 4, SECRETS["api_key"])
+    streams = start_streams(project["api"], 4, SECRETS["api_key"], LONGEST_STREAM)
     deadline = time.monotonic() + 3 * STALL_SECONDS
+    pending_at_stops = []
     while time.monotonic() < deadline:
         signal_process(server, engine, "STOP")
+        pending_at_stops.append(sum(not s.done for s in streams))
         time.sleep(0.6 * STALL_SECONDS)
         signal_process(server, engine, "CONT")
         time.sleep(2)
+    # Work was pending through several of the gaps, or the test proves nothing.
+    assert sum(1 for pending in pending_at_stops if pending) >= 2, pending_at_stops
     for stream in streams:
         stream.join(300)
     assert [(s.done, s.errors) for s in streams] == [(True, [])] * 4
@@ -415,7 +421,6 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
     restarts = container_state(server)["RestartCount"]
     processes = vllm_processes(server)
     [pid] = [pid for name, pid in processes.items() if name.startswith(stopped)]
-    streams = start_streams(project["api"], 4, SECRETS["api_key"])
     # The health check, run over and over inside the container from before
     # the stop until the container exits (one exec: no start-up per look).
     health_loop = subprocess.Popen(
@@ -425,10 +430,14 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
         stderr=subprocess.DEVNULL,
         text=True,
     )  # fmt: skip
+    # Streams as long as the context allows, stopped as soon as they run: a
+    # fast machine finishes 500 tokens in seconds.
+    streams = start_streams(project["api"], 4, SECRETS["api_key"], LONGEST_STREAM)
     # The log holds every earlier run of this container: this stall's lines
     # are the ones logged from the stop on.
     started, stopped_at = time.monotonic(), time.time()
     signal_process(server, pid, "STOP")
+    assert not any(s.done for s in streams), "the streams ended before the stop"
     wait_for(
         "the stop for a stall",
         lambda: (

@@ -14,6 +14,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -52,10 +54,25 @@ def container(tmp_path):
 
 
 @pytest.mark.server
-def test_smoke_passes_then_sigterm_stops_vllm_gracefully(container):
-    tree = container()
+def test_smoke_passes_then_sigterm_stops_vllm_gracefully(container, tmp_path):
+    # A build killed in an earlier container left AITER's lock on the cache:
+    # the start sweeps it before anything builds (k3rocm.jit_locks).
+    stale = tmp_path / "aiter" / "build" / "lock_module_rmsnorm"
+    stale.parent.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from torch.utils.file_baton import "
+         "FileBaton; FileBaton(sys.argv[1]).try_acquire(); print(1, flush=True); "
+         "time.sleep(600)", str(stale)],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    holder.stdout.readline()
+    holder.kill()
+    holder.wait()
+    tree = container(AITER_JIT_DIR=str(tmp_path / "aiter"))
     ready = tree.run_dir / "ready"
     tree.wait_for("ready mark", ready.is_file, SERVER_START)
+    assert f"removed stale AITER JIT lock {stale} (its holder is gone)" in tree.log
+    assert not stale.exists()
 
     report = tree.report
     assert report["verdict"] == "pass", report
