@@ -258,6 +258,8 @@ def http(
 
 # Engine processes and streams in flight, for the stall tests.
 STREAM_TOKENS = 480
+# The longest stream the tiny model's 512-token context holds after its prompt.
+LONGEST_STREAM = 500
 
 
 def vllm_processes(container: str) -> dict[str, int]:
@@ -346,18 +348,47 @@ class Stream(threading.Thread):
             self.errors.append(repr(err))
 
 
-def start_streams(
-    base_url: str,
-    count: int,
-    api_key: str | None = None,
-    max_tokens: int = STREAM_TOKENS,
-) -> list[Stream]:
-    """count streams, started, each under way (a few events in) on return."""
-    streams = [Stream(base_url, api_key, max_tokens) for _ in range(count)]
-    for stream in streams:
-        stream.start()
-    deadline = time.monotonic() + 120
-    while min(stream.events for stream in streams) < 5:
-        assert time.monotonic() < deadline, [s.events for s in streams]
-        time.sleep(0.5)
-    return streams
+class Load:
+    """count clients, each sending one long stream after another until
+    stopped or until one of its streams is cut off: the engine has work
+    pending the whole time, however fast this machine runs it."""
+
+    def __init__(self, base_url: str, count: int, api_key: str | None = None):
+        self.base_url, self.api_key = base_url, api_key
+        self.stopping = threading.Event()
+        self.finished: list[Stream] = []
+        self.current: list[Stream | None] = [None] * count
+        self.clients = [
+            threading.Thread(target=self._client, args=(i,), daemon=True)
+            for i in range(count)
+        ]
+        for client in self.clients:
+            client.start()
+        deadline = time.monotonic() + 120
+        while self.running() < count:
+            assert time.monotonic() < deadline, "the load never got under way"
+            time.sleep(0.2)
+
+    def _client(self, index: int) -> None:
+        while not self.stopping.is_set():
+            stream = Stream(self.base_url, self.api_key, LONGEST_STREAM)
+            self.current[index] = stream
+            stream.start()
+            stream.join()
+            self.finished.append(stream)
+            if not stream.done or stream.errors:
+                return  # cut off: the server is gone
+
+    def running(self) -> int:
+        """Streams under way now (a few events in, not finished)."""
+        return sum(
+            1 for s in self.current if s is not None and s.events >= 2 and not s.done
+        )
+
+    def stop(self, timeout: float = 300) -> list[Stream]:
+        """Stop starting streams; every stream it ran, once all have ended."""
+        self.stopping.set()
+        for client in self.clients:
+            client.join(timeout)
+        assert not any(client.is_alive() for client in self.clients)
+        return self.finished

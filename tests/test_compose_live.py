@@ -27,12 +27,12 @@ import pytest
 import yaml
 from docker_images import (
     CPU_DEV_ENV,
+    Load,
     container_state,
     docker,
     http,
     server_logs,
     signal_process,
-    start_streams,
     vllm_processes,
 )
 from vllm_server import free_port
@@ -55,8 +55,6 @@ CPU_ONLY_ENV = {"VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TRITON_INTERPRET"}
 # The watchdog's stall time here: far above a CPU step of the tiny model,
 # short enough to wait for several times.
 STALL_SECONDS = 15
-# The longest stream the tiny model's 512-token context holds after its prompt.
-LONGEST_STREAM = 500
 
 
 def debian_image(base: str, command: str, name: str, context: Path) -> str:
@@ -393,20 +391,19 @@ def test_a_slow_but_progressing_engine_is_not_stalled(project):
     and shorter than the stall time."""
     server = project["server"]
     engine = vllm_processes(server)["VLLM::EngineCor"]
-    streams = start_streams(project["api"], 4, SECRETS["api_key"], LONGEST_STREAM)
+    load = Load(project["api"], 4, SECRETS["api_key"])
     deadline = time.monotonic() + 3 * STALL_SECONDS
     pending_at_stops = []
     while time.monotonic() < deadline:
         signal_process(server, engine, "STOP")
-        pending_at_stops.append(sum(not s.done for s in streams))
+        pending_at_stops.append(load.running())
         time.sleep(0.6 * STALL_SECONDS)
         signal_process(server, engine, "CONT")
         time.sleep(2)
-    # Work was pending through several of the gaps, or the test proves nothing.
-    assert sum(1 for pending in pending_at_stops if pending) >= 2, pending_at_stops
-    for stream in streams:
-        stream.join(300)
-    assert [(s.done, s.errors) for s in streams] == [(True, [])] * 4
+    # Work was pending through every gap, or the test proves nothing.
+    assert all(pending_at_stops) and len(pending_at_stops) >= 3, pending_at_stops
+    streams = load.stop()
+    assert [(s.done, s.errors) for s in streams] == [(True, [])] * len(streams)
     assert "the engine stalled" not in server_logs(server)
     assert health(server) == "healthy"
 
@@ -430,14 +427,13 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
         stderr=subprocess.DEVNULL,
         text=True,
     )  # fmt: skip
-    # Streams as long as the context allows, stopped as soon as they run: a
-    # fast machine finishes 500 tokens in seconds.
-    streams = start_streams(project["api"], 4, SECRETS["api_key"], LONGEST_STREAM)
+    # Streams one after another (a fast machine ends one in seconds).
+    load = Load(project["api"], 4, SECRETS["api_key"])
     # The log holds every earlier run of this container: this stall's lines
     # are the ones logged from the stop on.
     started, stopped_at = time.monotonic(), time.time()
     signal_process(server, pid, "STOP")
-    assert not any(s.done for s in streams), "the streams ended before the stop"
+    assert load.running() > 0, "no stream under way at the stop"
     wait_for(
         "the stop for a stall",
         lambda: (
@@ -449,9 +445,8 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
     )
     stopped_after = time.monotonic() - started
     # The streams the stall held end, cut off (no [DONE]), not hung for ever.
-    for stream in streams:
-        stream.join(60)
-    assert [(s.is_alive(), s.done) for s in streams] == [(False, False)] * 4
+    cut_off = [s for s in load.stop(60) if not s.done]
+    assert len(cut_off) == 4, [(s.events, s.done, s.errors) for s in load.finished]
     health_lines = [
         line
         for line in health_loop.communicate(timeout=120)[0].splitlines()

@@ -15,11 +15,11 @@ import re
 import pytest
 from docker_images import (
     Container,
+    Load,
     docker,
     http,
     run_container,
     signal_process,
-    start_streams,
     vllm_processes,
 )
 
@@ -144,8 +144,9 @@ def test_a_worker_stopped_on_node_1_stalls_node_0_and_both_exit_with_reasons(
             for name, pid in vllm_processes(node1.name).items()
             if name.startswith("VLLM::Worker")
         ]
-        start_streams(node0.base_url, 2)
+        load = Load(node0.base_url, 2)
         signal_process(node1.name, worker, "STOP")
+        assert load.running() > 0, "no stream under way at the stop"
         assert node0.wait_exit(STALL_SECONDS + 120) == 5
         reasons = stop_reasons(node0)
         assert len(reasons) == 1 and "the engine stalled" in reasons[0], reasons
