@@ -19,23 +19,18 @@ import yaml
 from vllm_trees import CACHE, REPO
 
 from k3rocm.image import BASE_IMAGE, image_tag
-from k3rocm.launcher.profiles import AMD_ENV
-from k3rocm.launcher.settings import SETTINGS
+from k3rocm.profiles import AMD_ENV
 from k3rocm.series import Series
-from k3rocm.setting_table import FORENSICS_DIR, KDA_METADATA, STALL_SECONDS
-from k3rocm.status import LOAD_ALERT_ENV, STATUS_PORT_ENV
-from k3rocm.stop_budget import DEFAULT_GRACE_SECONDS, GRACE_ENV
-from k3rocm.supervise import DEFAULTS
-
-# The smoke test's own settings (k3rocm.smoke.settings.Settings.from_env).
-SMOKE_SETTINGS = (
-    "K3_SMOKE_ON_FAILURE",
-    "K3_SMOKE_STAGE1_TIMEOUT",
-    "K3_SMOKE_LOAD_TIMEOUT",
-    "K3_SMOKE_STAGE2_TIMEOUT",
+from k3rocm.setting_table import (
+    CONTAINER_SETTINGS,
+    LAUNCHER_SETTINGS,
+    SETTINGS,
+    STOP_GRACE_SECONDS,
 )
-# Defaults of k3rocm.supervise that the image fixes (not operator settings).
-IMAGE_SET = {"K3_RUN_DIR", "K3_SUPERVISORD_CONF"}
+
+# What an operator sets: the launcher's and the container's rows (the image's
+# own rows, such as K3_RUN_DIR, are fixed by the image).
+OPERATOR_SETTINGS = {setting.env for setting in LAUNCHER_SETTINGS + CONTAINER_SETTINGS}
 
 SCHEMA_WHEEL = "docker_compose-1.29.2-py2.py3-none-any.whl"
 SCHEMA_WHEEL_SHA256 = "8d5589373b35c8d3b1c8c1182c6e4a4ff14bffa3dd0b605fcd08f73c94cef809"
@@ -109,10 +104,10 @@ def test_server_stop_budget_is_one_number():
     the same default (k3rocm.stop_budget derives every inner wait)."""
     period = re.fullmatch(r"(\$\{[^}]+\})s", SERVER["stop_grace_period"])
     assert period, SERVER["stop_grace_period"]
-    assert SERVER["environment"][GRACE_ENV] == period.group(1)
+    assert SERVER["environment"][STOP_GRACE_SECONDS.env] == period.group(1)
     variable = VARIABLE.fullmatch(period.group(1))
-    assert variable.group(1) == GRACE_ENV
-    assert int(variable.group(3)) == DEFAULT_GRACE_SECONDS
+    assert variable.group(1) == STOP_GRACE_SECONDS.env
+    assert int(variable.group(3)) == STOP_GRACE_SECONDS.default
     assert SERVER["restart"].startswith("on-failure:")
     # The image's HEALTHCHECK applies; compose must not weaken it.
     assert "healthcheck" not in SERVER
@@ -121,16 +116,7 @@ def test_server_stop_budget_is_one_number():
 def test_server_gets_an_allow_list_of_variables_and_no_secrets():
     assert "env_file" not in SERVER
     environment = SERVER["environment"]
-    server_reads = (
-        {setting.env for setting in SETTINGS}
-        | {name for name in DEFAULTS if name not in IMAGE_SET}
-        | set(SMOKE_SETTINGS)
-        | {STATUS_PORT_ENV, LOAD_ALERT_ENV}
-        | {STALL_SECONDS.env, FORENSICS_DIR.env}
-        | {KDA_METADATA.env}  # the patched Kimi KDA layer reads it
-        | {name for name, _ in AMD_ENV}
-        | {"HF_TOKEN_PATH"}
-    )
+    server_reads = OPERATOR_SETTINGS | {name for name, _ in AMD_ENV} | {"HF_TOKEN_PATH"}
     assert set(environment) == server_reads
     for name, value in environment.items():
         if name != "HF_TOKEN_PATH":
@@ -204,13 +190,7 @@ def documented() -> set[str]:
 
 def test_every_variable_is_documented_in_the_env_example():
     used = {match.group(1) for match in VARIABLE.finditer(yaml.safe_dump(COMPOSE))}
-    server = {setting.env for setting in SETTINGS}
-    container = (
-        set(DEFAULTS)
-        | set(SMOKE_SETTINGS)
-        | {STATUS_PORT_ENV, LOAD_ALERT_ENV, "K3_SMOKE_REPORT", "K3_IMAGE_TAG"}
-    )
-    missing = (used | server | container) - documented()
+    missing = (used | {setting.env for setting in SETTINGS}) - documented()
     assert not missing, f"not in kimi-k3.env.example: {sorted(missing)}"
 
 

@@ -14,13 +14,8 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from k3rocm import drain
-from k3rocm.stop_budget import (
-    MAX_GRACE_SECONDS,
-    MIN_GRACE_SECONDS,
-    InvalidGrace,
-    StopBudget,
-    parse_grace,
-)
+from k3rocm.setting_table import STOP_GRACE_SECONDS, SettingError
+from k3rocm.stop_budget import StopBudget, budget_from_env
 
 CHUNKS = 5
 
@@ -181,7 +176,7 @@ def test_a_torn_drain_mark_still_means_draining(tmp_path):
     assert drain.read_drain_deadline(tmp_path / "elsewhere") is None
 
 
-@given(st.integers(MIN_GRACE_SECONDS, MAX_GRACE_SECONDS))
+@given(st.integers(STOP_GRACE_SECONDS.kind.low, STOP_GRACE_SECONDS.kind.high))
 def test_every_wait_fits_in_the_grace(grace):
     budget = StopBudget(grace)
     assert budget.drain_seconds + budget.teardown_seconds == grace
@@ -195,9 +190,11 @@ def test_every_wait_fits_in_the_grace(grace):
 
 @pytest.mark.parametrize("text", ["abc", "19", "86401", "1e3", "-5", "9" * 400])
 def test_a_bad_grace_is_refused_with_its_fix(text):
-    with pytest.raises(InvalidGrace, match="K3_STOP_GRACE_SECONDS"):
-        parse_grace(text)
+    with pytest.raises(SettingError, match="K3_STOP_GRACE_SECONDS"):
+        budget_from_env({"K3_STOP_GRACE_SECONDS": text})
 
 
 def test_unset_grace_is_the_default():
-    assert parse_grace(None) == parse_grace("") == parse_grace(" ") == StopBudget(120)
+    budgets = [budget_from_env(env) for env in (
+        {}, {"K3_STOP_GRACE_SECONDS": ""}, {"K3_STOP_GRACE_SECONDS": " "})]  # fmt: skip
+    assert budgets == [StopBudget(120)] * 3

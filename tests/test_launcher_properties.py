@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from k3rocm.launcher.__main__ import main
-from k3rocm.launcher.profiles import FEATURES, PROFILES
+from k3rocm.profiles import FEATURES, PROFILES
 
 API_KEY = "k3-prop-key-9d1e7b40"
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from vllm_trees import REPO
 
 from k3rocm import setting_table
@@ -91,3 +93,87 @@ def test_no_other_module_names_a_setting_of_the_table():
             if name in BY_ENV:
                 offenders.append(f"{path.relative_to(REPO)}: {name}")
     assert not offenders, offenders
+
+
+# One number parser for every setting: a whole number is ASCII digits only,
+# within the row's bounds, whatever the text; checked against a reference
+# written from that rule, not from the parser.
+WHOLE_ROWS = [s for s in SETTINGS if isinstance(s.kind, setting_table.Whole)]
+
+
+@given(
+    row=st.sampled_from(WHOLE_ROWS),
+    text=st.one_of(
+        st.integers(-10, 10**7).map(str),
+        st.text(alphabet="0123456789 +-_.e٣x", min_size=1, max_size=25),
+    ),
+)
+def test_every_whole_number_setting_parses_as_the_rule_says(row, text):
+    text = text.strip()
+    high = row.kind.high if row.kind.high is not None else 10**18 - 1
+    expected = (
+        int(text)
+        if re.fullmatch(r"[0-9]{1,18}", text) and row.kind.low <= int(text) <= high
+        else None
+    )
+    try:
+        got = row.read({row.env: text})
+    except setting_table.SettingError as err:
+        assert expected is None and text, (text, expected)
+        assert str(err).startswith(f"{row.env} is "), err
+        return
+    assert got == (expected if text else row.default)
+
+
+def test_a_refused_value_names_the_setting_and_a_value_that_works():
+    _, problems = setting_table.read_all(
+        {"K3_STATUS_PORT": "80a", "K3_SMOKE_ON_FAILURE": "ignore",
+         "K3_SMOKE_STAGE1_TIMEOUT": "-1", "K3_STALL_SECONDS": "4"},
+        SETTINGS,
+    )  # fmt: skip
+    assert problems == [
+        "K3_SMOKE_ON_FAILURE is 'ignore'; set one of stop, warn (default stop)",
+        "K3_SMOKE_STAGE1_TIMEOUT is '-1', not a number of seconds above 0 and "
+        "below 1e+07; set one, e.g. K3_SMOKE_STAGE1_TIMEOUT=900.",
+        "K3_STATUS_PORT is '80a', not a whole number from 1 to 65535; set a "
+        "whole number in that range, e.g. K3_STATUS_PORT=8001.",
+        "K3_STALL_SECONDS is '4', not a whole number from 5 to 86400; set a "
+        "whole number in that range, e.g. K3_STALL_SECONDS=300.",
+    ]
+
+
+def test_every_default_is_a_value_its_row_accepts():
+    for setting in SETTINGS:
+        if setting.default is not None and setting.takes_value:
+            assert setting.parse(env_text(setting.default)) == setting.default
+
+
+def test_the_launch_settings_are_the_launcher_rows():
+    """LaunchSettings has one field per launcher row (the grace becomes the
+    stop budget it derives)."""
+    from dataclasses import fields
+
+    from k3rocm.launcher.settings import LaunchSettings
+
+    names = {field.name for field in fields(LaunchSettings)}
+    rows = {s.name for s in SETTINGS if s.group == LAUNCHER}
+    assert names == rows - {"stop_grace_seconds"} | {"stop_budget"}
+
+
+def test_owned_flags_come_from_the_rows():
+    from k3rocm.launcher.owned_flags import FALLBACK_OWNED_FLAGS, OWNED_DESTS
+
+    for setting in SETTINGS:
+        assert not setting.owns or setting.group == LAUNCHER, setting.env
+        for flag in setting.owns:
+            assert FALLBACK_OWNED_FLAGS[flag] == setting.name
+    assert OWNED_DESTS["tensor_parallel_size"] == "profile"
+    assert OWNED_DESTS["model_tag"] == "model"
+
+
+def test_every_reader_named_by_a_row_exists():
+    import importlib.util
+
+    for setting in SETTINGS:
+        for reader in setting.readers:
+            assert importlib.util.find_spec(f"k3rocm.{reader}"), (setting.env, reader)

@@ -20,6 +20,7 @@ from k3rocm.engine_progress import (
     read_stall_mark,
     write_stall_mark,
 )
+from k3rocm.setting_table import STALL_SECONDS
 
 STALL = 60.0
 
@@ -159,13 +160,13 @@ def test_reads_the_metrics_text_prometheus_client_writes():
 )
 def test_malformed_stall_seconds_are_refused(text):
     with pytest.raises(ValueError, match=r"K3_STALL_SECONDS is .*; set a whole number"):
-        watchdog.stall_seconds({"K3_STALL_SECONDS": text})
+        STALL_SECONDS.read({"K3_STALL_SECONDS": text})
 
 
 def test_stall_seconds_default_and_bounds():
-    assert watchdog.stall_seconds({}) == 300
-    assert watchdog.stall_seconds({"K3_STALL_SECONDS": " 5 "}) == 5
-    assert watchdog.stall_seconds({"K3_STALL_SECONDS": "86400"}) == 86400
+    assert STALL_SECONDS.read({}) == 300
+    assert STALL_SECONDS.read({"K3_STALL_SECONDS": " 5 "}) == 5
+    assert STALL_SECONDS.read({"K3_STALL_SECONDS": "86400"}) == 86400
 
 
 def test_the_health_check_reports_a_stall_at_once(tmp_path, vllm_health):

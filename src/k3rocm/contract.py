@@ -7,7 +7,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3rocm.setting_table import HOST, IMAGE_TAG, PORT, RUN_DIR, SMOKE_REPORT
+from k3rocm.setting_table import (
+    HOST,
+    IMAGE_TAG,
+    PORT,
+    RUN_DIR,
+    SMOKE_REPORT,
+    SettingError,
+)
 
 # Where the smoke test writes its JSON report (default: in the run directory,
 # see RUN_FILES below).
@@ -167,8 +174,6 @@ def run_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 # Where vLLM's API server listens (the launcher's K3_HOST / K3_PORT), as the
 # processes in the same container reach it.
-HOST_ENV, PORT_ENV = HOST.env, PORT.env
-DEFAULT_PORT = PORT.default
 _ANY_ADDRESS = {"", "0.0.0.0", "::", "[::]"}
 
 
@@ -179,16 +184,13 @@ class BadAddress(ValueError):
 def api_base_url(environ: Mapping[str, str]) -> str:
     """``http://HOST:PORT`` of the API server: loopback when vLLM listens on
     every address, else the address it listens on."""
-    host = environ.get(HOST_ENV, "").strip()
-    port_text = environ.get(PORT_ENV, "").strip() or str(DEFAULT_PORT)
-    if not (
-        port_text.isascii() and port_text.isdigit() and len(port_text) <= 5
-    ) or not (1 <= int(port_text) <= 65535):
-        raise BadAddress(
-            f"{PORT_ENV} is {port_text[:40]!r}, not a port number from 1 to 65535"
-        )
+    host = HOST.read(environ)
+    try:
+        port = PORT.read(environ)
+    except SettingError as err:
+        raise BadAddress(str(err)) from None
     if host in _ANY_ADDRESS:
         host = "127.0.0.1"
     elif ":" in host and not host.startswith("["):
         host = f"[{host}]"
-    return f"http://{host}:{int(port_text)}"
+    return f"http://{host}:{port}"

@@ -218,9 +218,7 @@ def listen() -> int:
         node = node_from_env(os.environ)
     except ValueError:
         node = None  # the launcher refuses these settings, saying why
-    guard = Guard(
-        int(VLLM_MAX_RESTARTS.text(os.environ)), directory / DEATHS_FILE, node
-    )
+    guard = Guard(VLLM_MAX_RESTARTS.read(os.environ), directory / DEATHS_FILE, node)
     while True:
         headers, payload = childutils.listener.wait(sys.stdin, sys.stdout)
         body = childutils.get_headers(payload.split("\n", 1)[0])

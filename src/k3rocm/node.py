@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3rocm.contract import VLLM_GROUP_FILE
-from k3rocm.launcher.profiles import PROFILES, MultiNode
+from k3rocm.profiles import PROFILES, MultiNode
 from k3rocm.setting_table import MASTER_ADDR, MASTER_PORT, NODE_RANK, PROFILE
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -51,14 +51,11 @@ class Node:
 def node_from_env(environ: Mapping[str, str]) -> Node:
     """The node the settings describe; ValueError for settings the launcher
     refuses anyway (it says why, in full)."""
-    name = PROFILE.text(environ)
-    profile = PROFILES.get(name)
-    if profile is None:
-        raise ValueError(f"{PROFILE.env} is {name!r}, which is not a profile")
-    multi_node = profile.multi_node is MultiNode.NATIVE
-    rank = _number(NODE_RANK.env, NODE_RANK.text(environ) or "0")
-    port = _number(MASTER_PORT.env, MASTER_PORT.text(environ))
-    return Node(name, multi_node, rank, MASTER_ADDR.text(environ) or None, port)
+    name = PROFILE.read(environ)
+    multi_node = PROFILES[name].multi_node is MultiNode.NATIVE
+    rank = NODE_RANK.read(environ) or 0
+    port = MASTER_PORT.read(environ)
+    return Node(name, multi_node, rank, MASTER_ADDR.read(environ), port)
 
 
 def headless_node(environ: Mapping[str, str]) -> Node | None:
@@ -69,12 +66,6 @@ def headless_node(environ: Mapping[str, str]) -> Node | None:
     except ValueError:
         return None
     return node if node.headless else None
-
-
-def _number(variable: str, text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or len(text) > 6:
-        raise ValueError(f"{variable} is {text!r}, not a small whole number")
-    return int(text)
 
 
 def vllm_group_alive(directory: Path) -> bool:

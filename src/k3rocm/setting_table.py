@@ -1,8 +1,11 @@
-"""The container's settings: one row per ``K3_*`` environment variable, with
-its typed default and meaning (and, for the launcher's, the matching
-command-line option). Every module that needs a setting's default reads it
-here; README's tables and kimi-k3.env.example are checked against this table
-(tests/test_setting_table.py), and ``python -m k3rocm.setting_table`` prints
+"""The container's settings: one typed row per ``K3_*`` environment variable,
+with its default, the values it takes, the vLLM flags it owns (the
+launcher's), who reads it and its meaning. Every module reads a setting
+through its row (``Setting.read``, or ``read_all`` for every problem at
+once): this is the only parser of settings. README's tables,
+kimi-k3.env.example, the launcher's options and owned flags and compose's
+allow-list come from these rows or are checked against them
+(tests/test_setting_table.py); ``python -m k3rocm.setting_table`` prints
 README's tables.
 
 A default of None means no fixed value (unset, or worked out at run time);
@@ -12,11 +15,11 @@ A default of None means no fixed value (unset, or worked out at run time);
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from k3rocm.launcher.profiles import (
+from k3rocm.profiles import (
     AMD_MAX_NUM_SEQS,
     DEFAULT_FEATURES,
     DEFAULT_PROFILE,
@@ -25,11 +28,32 @@ from k3rocm.launcher.profiles import (
 )
 from k3rocm.states import FailurePolicy
 
-Default = int | str | Path | tuple[str, ...] | bool | None
+Default = int | float | str | Path | tuple[str, ...] | bool | None
 
 # Where each setting is documented: the launcher's table (README, "Launching
 # Kimi-K3"), the container's (README, "Configuration"), or set by the image.
 LAUNCHER, CONTAINER, IMAGE = "launcher", "container", "image"
+
+# Longest stretch of a value a message repeats: enough to recognise it, short
+# enough that a 5,000-digit number or a pasted file stays readable.
+SHOWN_CHARS = 60
+# More digits than any setting's number needs; Python refuses to convert
+# numbers of more than 4,300 digits at all.
+MAX_DIGITS = 18
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+class SettingError(ValueError):
+    """A setting's value cannot be used; the message says what to set."""
+
+
+def shown(text: str) -> str:
+    """A value as a message quotes it: repr (control characters and broken
+    UTF-8 escaped), shortened."""
+    if len(text) > SHOWN_CHARS:
+        return repr(text[:SHOWN_CHARS]) + f" (+{len(text) - SHOWN_CHARS} more)"
+    return repr(text)
 
 
 def env_text(value: Default) -> str:
@@ -43,6 +67,111 @@ def env_text(value: Default) -> str:
     return str(value)
 
 
+# The kinds of value a setting takes. Each parses a stripped, non-empty text
+# or raises SettingError naming the setting and what to set instead.
+
+
+@dataclass(frozen=True)
+class Text:
+    def parse(self, setting: Setting, text: str, launcher: bool) -> str:
+        return text
+
+
+@dataclass(frozen=True)
+class Names:
+    """A comma-separated list (the launcher checks the names themselves)."""
+
+    def parse(self, setting: Setting, text: str, launcher: bool) -> tuple[str, ...]:
+        return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+@dataclass(frozen=True)
+class FilePath:
+    def parse(self, setting: Setting, text: str, launcher: bool) -> Path:
+        return Path(text)
+
+
+@dataclass(frozen=True)
+class Whole:
+    low: int
+    high: int | None = None  # None: no bound but MAX_DIGITS
+
+    @property
+    def bounds(self) -> str:
+        if self.high is None:
+            return f"{self.low} or more"
+        return f"from {self.low} to {self.high}"
+
+    def parse(self, setting: Setting, text: str, launcher: bool) -> int:
+        digits = MAX_DIGITS if self.high is None else len(str(self.high))
+        if not (text.isascii() and text.isdigit() and len(text) <= digits) or not (
+            self.low <= int(text) <= (self.high if self.high is not None else int(text))
+        ):
+            raise SettingError(
+                f"{setting.label(launcher)} is {shown(text)}, not a whole number "
+                f"{self.bounds}; set a whole number in that range, e.g. "
+                f"{setting.example(self.low, launcher)}."
+            )
+        return int(text)
+
+
+@dataclass(frozen=True)
+class Seconds:
+    """A duration in seconds, fractions allowed, more than 0 and below high."""
+
+    high: float = 1e7
+
+    def parse(self, setting: Setting, text: str, launcher: bool) -> float:
+        try:
+            value = float(text) if text.isascii() else -1.0
+        except ValueError:
+            value = -1.0
+        if not 0 < value < self.high:
+            example = setting.example(1, launcher)
+            raise SettingError(
+                f"{setting.label(launcher)} is {shown(text)}, not a number of "
+                f"seconds above 0 and below {self.high:g}; set one, e.g. {example}."
+            )
+        return value
+
+
+@dataclass(frozen=True)
+class OneOf:
+    choices: tuple[str, ...]
+    noun: str | None = None  # "profile": "..., which is not a profile"
+
+    def parse(self, setting: Setting, text: str, launcher: bool) -> str:
+        if text not in self.choices and self.noun:
+            raise SettingError(
+                f"{setting.label(launcher)} is {shown(text)}, which is not a "
+                f"{self.noun}; use one of: {', '.join(self.choices)}."
+            )
+        if text not in self.choices:
+            raise SettingError(
+                f"{setting.label(launcher)} is {shown(text)}; set one of "
+                f"{', '.join(self.choices)} (default {env_text(setting.default)})"
+            )
+        return text
+
+
+@dataclass(frozen=True)
+class Flag:
+    def parse(self, setting: Setting, text: str, launcher: bool) -> bool:
+        word = text.lower()
+        if word in TRUE_WORDS:
+            return True
+        if word not in FALSE_WORDS:
+            raise SettingError(
+                f"{setting.label(launcher)} is {shown(text)}; set it to 1 or 0 (also "
+                f"accepted: {', '.join(TRUE_WORDS[1:])} / "
+                f"{', '.join(FALSE_WORDS[1:])})."
+            )
+        return False
+
+
+Kind = Text | Names | FilePath | Whole | Seconds | OneOf | Flag
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -50,42 +179,64 @@ class Setting:
     default: Default
     meaning: str
     group: str = LAUNCHER
+    kind: Kind = field(default_factory=Text)
     option: str | None = None  # the launcher's command-line option
-    takes_value: bool = True
+    # vLLM 0.27.1's spellings of the flags this setting sets (the launcher
+    # refuses them in the extra arguments).
+    owns: tuple[str, ...] = ()
+    # The modules that read it (below k3rocm).
+    readers: tuple[str, ...] = ("launcher",)
     shown: str | None = None  # the default in words, where the value says too little
+
+    @property
+    def takes_value(self) -> bool:
+        return not isinstance(self.kind, Flag)
+
+    def label(self, launcher: bool = False) -> str:
+        """How messages name it: the variable, and to the launcher's users
+        its option too."""
+        return f"{self.env} ({self.option})" if launcher else self.env
 
     @property
     def shown_default(self) -> str:
         return self.shown if self.shown is not None else env_text(self.default)
+
+    def example(self, low: int, launcher: bool) -> str:
+        value = self.default if self.default is not None else low
+        return f"{self.option} {value}" if launcher else f"{self.env}={value}"
 
     def text(self, environ: Mapping[str, str]) -> str:
         """The variable's text, or the default's; compose passes unset
         settings as empty strings."""
         return environ.get(self.env, "").strip() or env_text(self.default)
 
-    def whole_number(self, environ: Mapping[str, str], low: int, high: int) -> int:
-        """The value as a whole number from low to high; ValueError says
-        what is wrong and what to set."""
-        text = self.text(environ)
-        if not (
-            text.isascii() and text.isdigit() and len(text) <= len(str(high))
-        ) or not (low <= int(text) <= high):
-            raise ValueError(
-                f"{self.env} is {text[:40]!r}; set a whole number from {low} to "
-                f"{high} (default {env_text(self.default)})"
-            )
-        return int(text)
+    def parse(self, text: str, launcher: bool = False) -> Default:
+        """A given value, stripped and non-empty, typed; SettingError says
+        what is wrong and what to set (naming the launcher's option too when
+        launcher is true)."""
+        return self.kind.parse(self, text, launcher)
 
-    def choice(self, environ: Mapping[str, str], choices: tuple[str, ...]) -> str:
-        """The value, one of choices; ValueError says what is wrong and what
-        to set."""
-        text = self.text(environ)
-        if text not in choices:
-            raise ValueError(
-                f"{self.env} is {text[:40]!r}; set one of {', '.join(choices)} "
-                f"(default {env_text(self.default)})"
-            )
-        return text
+    def read(self, environ: Mapping[str, str]) -> Default:
+        """The setting's typed value (its default when unset or empty);
+        SettingError when the value cannot be used."""
+        text = environ.get(self.env, "").strip()
+        return self.parse(text) if text else self.default
+
+
+def read_all(
+    environ: Mapping[str, str], settings: Iterable[Setting]
+) -> tuple[dict[str, Default], list[str]]:
+    """Each setting's typed value by name (the default where refused), and
+    every problem, one message each."""
+    values: dict[str, Default] = {}
+    problems: list[str] = []
+    for setting in settings:
+        try:
+            values[setting.name] = setting.read(environ)
+        except SettingError as err:
+            values[setting.name] = setting.default
+            problems.append(str(err))
+    return values, problems
 
 
 def _launcher(name: str, default: Default, meaning: str, **rest) -> Setting:
@@ -105,12 +256,23 @@ MODEL = _launcher(
     "Local checkpoint directory (must hold config.json) or Hugging Face "
     "model id. Values starting with `/`, `.` or `~`, and values naming an "
     "existing directory, are paths.",
+    owns=("--model",),
+    readers=("launcher", "smoke"),
 )
 SERVED_MODEL_NAME = _launcher(
-    "served_model_name", "kimi-k3", "Model name clients put in requests."
+    "served_model_name",
+    "kimi-k3",
+    "Model name clients put in requests.",
+    owns=("--served-model-name",),
+    readers=("launcher", "smoke", "watchdog"),
 )
 PROFILE = _launcher(
-    "profile", DEFAULT_PROFILE, "Parallel layout: " + ", ".join(PROFILES) + "."
+    "profile",
+    DEFAULT_PROFILE,
+    "Parallel layout: " + ", ".join(PROFILES) + ".",
+    kind=OneOf(tuple(PROFILES), "profile"),
+    owns=("--tensor-parallel-size", "-tp", "--data-parallel-size", "-dp"),
+    readers=("launcher", "node"),
 )
 FEATURES_SETTING = _launcher(
     "features",
@@ -118,6 +280,7 @@ FEATURES_SETTING = _launcher(
     "Comma-separated complete list of features: "
     + ", ".join(FEATURES)
     + "; `none` for no features.",
+    kind=Names(),
     shown=",".join(DEFAULT_FEATURES) + " (cpu-dev: none)",
 )
 MAX_MODEL_LEN = _launcher(
@@ -125,21 +288,41 @@ MAX_MODEL_LEN = _launcher(
     None,
     "Longest prompt plus output, in tokens.",
     shown="the model's",
+    kind=Whole(1),
+    owns=("--max-model-len",),
 )
 MAX_NUM_SEQS = _launcher(
     "max_num_seqs",
     AMD_MAX_NUM_SEQS,
     "Most sequences running at once (per engine).",
     shown=f"{AMD_MAX_NUM_SEQS} (cpu-dev: vLLM's)",
+    kind=Whole(1),
+    owns=("--max-num-seqs",),
 )
-HOST = _launcher("host", "0.0.0.0", "Address the API listens on.")
-PORT = _launcher("port", 8000, "Port the API listens on.")
+HOST = _launcher(
+    "host",
+    "0.0.0.0",
+    "Address the API listens on.",
+    owns=("--host",),
+    readers=("launcher", "contract"),
+)
+PORT = _launcher(
+    "port",
+    8000,
+    "Port the API listens on.",
+    kind=Whole(1, 65535),
+    owns=("--port",),
+    readers=("launcher", "contract"),
+)
 API_KEY_FILE = _launcher(
     "api_key_file",
     None,
     "File holding the API key; must not be world-readable. The key reaches "
     "vLLM as VLLM_API_KEY, never on the command line.",
     shown="none (no key)",
+    kind=FilePath(),
+    owns=("--api-key",),
+    readers=("launcher", "smoke", "watchdog", "accept"),
 )
 EXTRA_ARGS = _launcher(
     "extra_args",
@@ -154,21 +337,33 @@ NUM_NODES = _launcher(
     None,
     "Nodes the deployment spans (multi-node profiles).",
     shown="GPUs of the profile / 8",
+    kind=Whole(1),
+    owns=("--nnodes", "-n"),
 )
 NODE_RANK = _launcher(
     "node_rank",
     None,
     "This node's index, 0 to nodes - 1; required by tep16 and dep16.",
     shown="none",
+    kind=Whole(0),
+    owns=("--node-rank", "-r", "--headless"),
+    readers=("launcher", "node"),
 )
 MASTER_ADDR = _launcher(
     "master_addr",
     None,
     "Address of node 0, reachable from every node; required by tep16 and dep16.",
     shown="none",
+    owns=("--master-addr",),
+    readers=("launcher", "node"),
 )
 MASTER_PORT = _launcher(
-    "master_port", 29501, "Port on node 0 the nodes meet on (tep16, dep16)."
+    "master_port",
+    29501,
+    "Port on node 0 the nodes meet on (tep16, dep16).",
+    kind=Whole(1, 65535),
+    owns=("--master-port",),
+    readers=("launcher", "node"),
 )
 GPU_COUNT = _launcher(
     "gpu_count",
@@ -176,9 +371,13 @@ GPU_COUNT = _launcher(
     "GPUs visible on this node; by default the `renderD*` devices in "
     "K3_DRI_DIR are counted.",
     shown="counted",
+    kind=Whole(0),
 )
 DRI_DIR = _launcher(
-    "dri_dir", Path("/dev/dri"), "Where GPU render devices are counted."
+    "dri_dir",
+    Path("/dev/dri"),
+    "Where GPU render devices are counted.",
+    kind=FilePath(),
 )
 VLLM_COMMAND = _launcher(
     "vllm_command",
@@ -193,12 +392,15 @@ STOP_GRACE_SECONDS = _launcher(
     "Docker's stop timeout for the container (compose's stop_grace_period); "
     "the drain, vLLM's --shutdown-timeout and supervisord's waits are derived "
     "from it.",
+    kind=Whole(20, 24 * 3600),
+    owns=("--shutdown-timeout",),
+    readers=("launcher", "stop_budget", "supervise"),
 )
 DRY_RUN = _launcher(
     "dry_run",
     False,
     "Print the command and environment, one per line, and exit 0.",
-    takes_value=False,
+    kind=Flag(),
 )
 
 SMOKE_ON_FAILURE = Setting(
@@ -208,6 +410,8 @@ SMOKE_ON_FAILURE = Setting(
     "`stop`: a failed smoke test makes the container unhealthy and exit 4. "
     "`warn`: keep serving, verdict gauge 0, loud log.",
     CONTAINER,
+    kind=OneOf(tuple(policy.value for policy in FailurePolicy)),
+    readers=("smoke",),
 )
 SMOKE_STAGE1_TIMEOUT = Setting(
     "smoke_stage1_timeout",
@@ -216,6 +420,8 @@ SMOKE_STAGE1_TIMEOUT = Setting(
     "Seconds for smoke stage 1 (checks before vLLM starts, GPU kernel "
     "compile included).",
     CONTAINER,
+    kind=Seconds(),
+    readers=("smoke", "supervise"),
 )
 SMOKE_LOAD_TIMEOUT = Setting(
     "smoke_load_timeout",
@@ -225,6 +431,8 @@ SMOKE_LOAD_TIMEOUT = Setting(
     21600,
     "Seconds vLLM may take to answer `/health` (weights loading).",
     CONTAINER,
+    kind=Seconds(),
+    readers=("smoke", "alerts"),
 )
 SMOKE_STAGE2_TIMEOUT = Setting(
     "smoke_stage2_timeout",
@@ -232,6 +440,8 @@ SMOKE_STAGE2_TIMEOUT = Setting(
     600,
     "Seconds for smoke stage 2's requests once vLLM is healthy.",
     CONTAINER,
+    kind=Seconds(),
+    readers=("smoke",),
 )
 VLLM_MAX_RESTARTS = Setting(
     "vllm_max_restarts",
@@ -239,6 +449,8 @@ VLLM_MAX_RESTARTS = Setting(
     3,
     "vLLM deaths tolerated (each is restarted) before the container exits 3.",
     CONTAINER,
+    kind=Whole(0, 1000),
+    readers=("guard", "supervise"),
 )
 VLLM_START_SECONDS = Setting(
     "vllm_start_seconds",
@@ -246,6 +458,8 @@ VLLM_START_SECONDS = Setting(
     10,
     "vLLM dying sooner counts as a failed start (retried, then fatal: exit 3).",
     CONTAINER,
+    kind=Whole(0, 3600),
+    readers=("supervise",),
 )
 STATUS_PORT = Setting(
     "status_port",
@@ -254,6 +468,8 @@ STATUS_PORT = Setting(
     "Port of the container's own start-up metrics (k3rocm.status); "
     "Prometheus scrapes it on the server's service name.",
     CONTAINER,
+    kind=Whole(1, 65535),
+    readers=("status", "alerts", "dashboard"),
 )
 LOAD_ALERT_SECONDS = Setting(
     "load_alert_seconds",
@@ -262,6 +478,8 @@ LOAD_ALERT_SECONDS = Setting(
     "Seconds of start-up (smoke stage 1, loading, stage 2) after which the "
     "alert KimiK3LoadSlow fires.",
     CONTAINER,
+    kind=Whole(1, 7 * 24 * 3600),
+    readers=("status", "alerts"),
 )
 
 STALL_SECONDS = Setting(
@@ -275,6 +493,8 @@ STALL_SECONDS = Setting(
     "the engine counts as stalled: stacks are captured, the container exits "
     '5 (README, "When the engine stalls").',
     CONTAINER,
+    kind=Whole(5, 24 * 3600),
+    readers=("watchdog", "status", "alerts"),
 )
 FORENSICS_DIR = Setting(
     "forensics_dir",
@@ -283,6 +503,8 @@ FORENSICS_DIR = Setting(
     "Where stall stack dumps are kept (on the cache volume, so they outlive "
     "the container).",
     CONTAINER,
+    kind=FilePath(),
+    readers=("forensics", "writable"),
 )
 # The ROCm Kimi KDA layer's chunk metadata: built on the GPU by the series
 # (the stall-free prefill path), or vLLM 0.27.1's own build (its `.tolist()`
@@ -296,6 +518,8 @@ KDA_METADATA = Setting(
     "on the GPU). `legacy`: vLLM 0.27.1's own path, stall included, to compare "
     'one image against itself (README, "Check it on your hardware").',
     CONTAINER,
+    kind=OneOf(KDA_METADATA_PATHS),
+    readers=("smoke", "supervise", "build_info", "launcher", "accept"),
 )
 
 RUN_DIR = Setting(
@@ -304,6 +528,8 @@ RUN_DIR = Setting(
     Path("/run/k3rocm"),
     'The container\'s runtime directory (README, "The run directory").',
     IMAGE,
+    kind=FilePath(),
+    readers=("contract", "supervise", "writable"),
 )
 SMOKE_REPORT = Setting(
     "smoke_report",
@@ -312,6 +538,8 @@ SMOKE_REPORT = Setting(
     "The smoke test's JSON report.",
     IMAGE,
     shown='in K3_RUN_DIR (README, "The run directory")',
+    kind=FilePath(),
+    readers=("contract",),
 )
 SUPERVISORD_CONF = Setting(
     "supervisord_conf",
@@ -319,6 +547,8 @@ SUPERVISORD_CONF = Setting(
     Path("/opt/k3rocm/docker/supervisord.conf"),
     "supervisord's configuration (docker/supervisord.conf in the image).",
     IMAGE,
+    kind=FilePath(),
+    readers=("supervise",),
 )
 IMAGE_TAG = Setting(
     "image_tag",
@@ -327,12 +557,18 @@ IMAGE_TAG = Setting(
     "The image's tag (the Dockerfile sets it); k3rocm_build_info reports it.",
     IMAGE,
     shown="the image's",
+    readers=("contract",),
 )
 
 SETTINGS: tuple[Setting, ...] = tuple(
     value for value in tuple(globals().values()) if isinstance(value, Setting)
 )
 BY_ENV = {setting.env: setting for setting in SETTINGS}
+BY_NAME = {setting.name: setting for setting in SETTINGS}
+LAUNCHER_SETTINGS = tuple(setting for setting in SETTINGS if setting.group == LAUNCHER)
+CONTAINER_SETTINGS = tuple(
+    setting for setting in SETTINGS if setting.group == CONTAINER
+)
 
 
 def markdown_table(group: str) -> str:

@@ -33,7 +33,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -50,13 +50,17 @@ from k3rocm.contract import (
     smoke_report_path,
 )
 from k3rocm.json_file import UnreadableJson, read_json_file
-from k3rocm.setting_table import LOAD_ALERT_SECONDS, STATUS_PORT
+from k3rocm.setting_table import (
+    LOAD_ALERT_SECONDS,
+    STALL_SECONDS,
+    STATUS_PORT,
+    read_all,
+)
 from k3rocm.states import Verdict
-from k3rocm.watchdog import stall_seconds
 
 PHASES = ("stage1", "loading", "stage2", "serving", "draining", "stopping")
-STATUS_PORT_ENV = STATUS_PORT.env
-LOAD_ALERT_ENV = LOAD_ALERT_SECONDS.env
+# The settings this server reads.
+STATUS_SETTINGS = (STATUS_PORT, LOAD_ALERT_SECONDS, STALL_SECONDS)
 STALL_BOUND = "k3rocm_container_stall_seconds"
 
 
@@ -157,21 +161,19 @@ class StartupCollector:
         )
 
 
-def status_settings(environ: Mapping[str, str]) -> tuple[int, int, int]:
-    """(K3_STATUS_PORT, K3_LOAD_ALERT_SECONDS, K3_STALL_SECONDS); ValueError
-    says what is wrong."""
-    port = STATUS_PORT.whole_number(environ, 1, 65535)
-    bound = LOAD_ALERT_SECONDS.whole_number(environ, 1, 7 * 24 * 3600)
-    return port, bound, stall_seconds(environ)
-
-
 def main() -> int:
+    values, problems = read_all(os.environ, STATUS_SETTINGS)
     try:
-        port, bound, stall = status_settings(os.environ)
         base_url = api_base_url(os.environ)
-    except (ValueError, BadAddress) as err:
-        print(f"k3rocm.status: {err}", file=sys.stderr, flush=True)
+    except BadAddress as err:
+        problems.append(str(err))
+    for problem in problems:
+        print(f"k3rocm.status: {problem}", file=sys.stderr, flush=True)
+    if problems:
         return 2
+    port = values[STATUS_PORT.name]
+    bound = values[LOAD_ALERT_SECONDS.name]
+    stall = values[STALL_SECONDS.name]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StartupCollector(run_dir(), base_url, bound, stall))
     start_http_server(port, registry=registry)

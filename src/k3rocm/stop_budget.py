@@ -22,15 +22,6 @@ from dataclasses import dataclass
 
 from k3rocm.setting_table import STOP_GRACE_SECONDS
 
-GRACE_ENV = STOP_GRACE_SECONDS.env
-DEFAULT_GRACE_SECONDS = STOP_GRACE_SECONDS.default
-MIN_GRACE_SECONDS = 20
-MAX_GRACE_SECONDS = 24 * 3600
-
-
-class InvalidGrace(ValueError):
-    """K3_STOP_GRACE_SECONDS is not a usable number; the message says how to fix it."""
-
 
 @dataclass(frozen=True)
 class StopBudget:
@@ -56,20 +47,7 @@ class StopBudget:
         return self.teardown_seconds - 5
 
 
-def parse_grace(text: str | None) -> StopBudget:
-    if text is None or not text.strip():
-        return StopBudget(DEFAULT_GRACE_SECONDS)
-    text = text.strip()
-    if not (text.isascii() and text.isdigit() and len(text) <= 6) or not (
-        MIN_GRACE_SECONDS <= int(text) <= MAX_GRACE_SECONDS
-    ):
-        raise InvalidGrace(
-            f"{GRACE_ENV} is {text[:40]!r}, not a whole number of seconds from "
-            f"{MIN_GRACE_SECONDS} to {MAX_GRACE_SECONDS}; set it to Docker's stop "
-            f"timeout for the container, e.g. {DEFAULT_GRACE_SECONDS}."
-        )
-    return StopBudget(int(text))
-
-
 def budget_from_env(environ: Mapping[str, str]) -> StopBudget:
-    return parse_grace(environ.get(GRACE_ENV))
+    """The budget K3_STOP_GRACE_SECONDS gives; SettingError (a ValueError)
+    says what is wrong with it."""
+    return StopBudget(STOP_GRACE_SECONDS.read(environ))

@@ -44,7 +44,6 @@ from k3rocm.contract import (
     STAGE1_GATE,
     STALL_MARK,
     VLLM_GROUP_FILE,
-    BadAddress,
     api_base_url,
     run_dir,
 )
@@ -53,17 +52,16 @@ from k3rocm.guard import EXIT_SMOKE, EXIT_USAGE, EXIT_VLLM, listen, log
 from k3rocm.jit_locks import sweep as sweep_jit_locks
 from k3rocm.launcher.__main__ import check as check_launch
 from k3rocm.setting_table import (
-    KDA_METADATA,
-    KDA_METADATA_PATHS,
+    CONTAINER_SETTINGS,
     RUN_DIR,
     SMOKE_STAGE1_TIMEOUT,
     SUPERVISORD_CONF,
     VLLM_MAX_RESTARTS,
     VLLM_START_SECONDS,
     env_text,
+    read_all,
 )
-from k3rocm.status import status_settings
-from k3rocm.stop_budget import InvalidGrace, StopBudget, budget_from_env
+from k3rocm.stop_budget import StopBudget, budget_from_env
 from k3rocm.writable import problems as unwritable
 
 # What `run` fills in for the config's %(ENV_...)s and its own programs.
@@ -128,20 +126,13 @@ def run() -> int:
     # Every setting problem at once, refused now: once, at once, with exit 2,
     # not as a vLLM that supervisord retries and the guard counts as crashes.
     _, _, problems = check_launch([], os.environ)
-    try:
-        status_settings(os.environ)  # the container's own settings
-    except ValueError as err:
-        problems.append(str(err))
-    try:
-        KDA_METADATA.choice(os.environ, KDA_METADATA_PATHS)
-    except ValueError as err:
-        problems.append(str(err))
+    problems += read_all(os.environ, CONTAINER_SETTINGS)[1]
     problems += unwritable(os.environ)
     try:
         budget = budget_from_env(os.environ)
         base_url = api_base_url(os.environ)
-    except (InvalidGrace, BadAddress) as err:
-        problems.append(str(err))
+    except ValueError:
+        pass  # the launcher's check above has said why
     if problems:
         for problem in problems:
             log(f"cannot start: {problem}")
@@ -244,7 +235,7 @@ def serve() -> int:
     """Wait for smoke stage 1 (vLLM takes no traffic before it), then become
     the launcher, so supervisord's signals reach vLLM itself."""
     gate = run_dir() / STAGE1_GATE
-    timeout = float(SMOKE_STAGE1_TIMEOUT.text(os.environ)) + 60
+    timeout = SMOKE_STAGE1_TIMEOUT.read(os.environ) + 60
     deadline = time.monotonic() + timeout
     while not gate.is_file():
         if time.monotonic() > deadline:

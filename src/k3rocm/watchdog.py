@@ -35,7 +35,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,13 +61,8 @@ from k3rocm.guard import EXIT_STALL, log, record_stop_reason, stop_supervisord
 from k3rocm.node import headless_node
 from k3rocm.setting_table import API_KEY_FILE, SERVED_MODEL_NAME, STALL_SECONDS
 
-MIN_STALL_SECONDS, MAX_STALL_SECONDS = 5, 86400
 METRICS_TIMEOUT_SECONDS = 5
 API = "api"  # the progress key of requests in flight at the API server
-
-
-def stall_seconds(environ: Mapping[str, str]) -> int:
-    return STALL_SECONDS.whole_number(environ, MIN_STALL_SECONDS, MAX_STALL_SECONDS)
 
 
 def poll_seconds(stall: int) -> float:
@@ -304,7 +298,7 @@ def watch(directory: Path, base_url: str, stall: int, probe: Probe) -> None:
 
 def main() -> int:
     try:
-        stall = stall_seconds(os.environ)
+        stall = STALL_SECONDS.read(os.environ)
         base_url = api_base_url(os.environ)
     except ValueError as err:
         log(f"watchdog: {err}")

@@ -22,7 +22,7 @@ from k3rocm.accept.accuracy import ENDPOINTS, ask, ask_all
 from k3rocm.accept.arithmetic import problems, wilson
 from k3rocm.accept.bench import BenchError, Workload, run_bench
 from k3rocm.contract import BadAddress, api_base_url
-from k3rocm.setting_table import API_KEY_FILE, KDA_METADATA, KDA_METADATA_PATHS
+from k3rocm.setting_table import API_KEY_FILE, KDA_METADATA
 
 EXIT_PASS, EXIT_ACCURACY, EXIT_USAGE, EXIT_BENCH = 0, 1, 2, 3
 
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     environ = os.environ
     try:
         base_url = (args.base_url or api_base_url(environ)).rstrip("/")
-        path_name = KDA_METADATA.choice(environ, KDA_METADATA_PATHS)
+        path_name = KDA_METADATA.read(environ)
         key_file = args.api_key_file or API_KEY_FILE.text(environ)
         api_key = Path(key_file).expanduser().read_text().strip() if key_file else None
     except (BadAddress, ValueError, OSError) as err:

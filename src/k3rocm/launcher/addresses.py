@@ -9,7 +9,8 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-from k3rocm.launcher.settings import LaunchSettings, label, shown
+from k3rocm.launcher.messages import label, shown
+from k3rocm.launcher.settings import LaunchSettings
 from k3rocm.node import master_addresses
 
 # Variables that pick this node's address or interface for vLLM, RCCL/NCCL

@@ -9,14 +9,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from k3rocm.contract import vllm_metrics_args
-from k3rocm.launcher.profiles import (
+from k3rocm.launcher.settings import LaunchSettings
+from k3rocm.profiles import (
     AMD_ARGS,
     AMD_ENV,
     FEATURES,
     MultiNode,
     Profile,
 )
-from k3rocm.launcher.settings import LaunchSettings
 from k3rocm.setting_table import KDA_METADATA
 
 API_KEY_ENV = "VLLM_API_KEY"

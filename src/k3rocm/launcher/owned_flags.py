@@ -16,54 +16,24 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from k3rocm.launcher.setting_table import label, shown
+from k3rocm.launcher.messages import label, shown
 from k3rocm.series import shipped_series
+from k3rocm.setting_table import LAUNCHER_SETTINGS
 
-# vLLM's destination of each flag the launcher owns, and the setting that
-# owns it. --middleware is not here: the launcher's DrainMiddleware stays
-# however many middlewares the extra arguments append.
-OWNED_DESTS = {
-    "model": "model",
-    # The positional model of `vllm serve MODEL`.
-    "model_tag": "model",
-    "served_model_name": "served_model_name",
-    "host": "host",
-    "port": "port",
-    "max_model_len": "max_model_len",
-    "max_num_seqs": "max_num_seqs",
-    "tensor_parallel_size": "profile",
-    "data_parallel_size": "profile",
-    "nnodes": "num_nodes",
-    "node_rank": "node_rank",
-    "master_addr": "master_addr",
-    "master_port": "master_port",
-    "headless": "node_rank",
-    "api_key": "api_key_file",
-    "shutdown_timeout": "stop_grace_seconds",
-}
-
-# Without vLLM to ask, the owned flags' vLLM 0.27.1 spellings.
+# The owned flags' vLLM 0.27.1 spellings (each setting's row lists its
+# own), for when there is no vLLM to ask. --middleware is not owned: the
+# launcher's DrainMiddleware stays however many middlewares the extra
+# arguments append.
 FALLBACK_OWNED_FLAGS = {
-    "--model": "model",
-    "--served-model-name": "served_model_name",
-    "--host": "host",
-    "--port": "port",
-    "--max-model-len": "max_model_len",
-    "--max-num-seqs": "max_num_seqs",
-    "--tensor-parallel-size": "profile",
-    "-tp": "profile",
-    "--data-parallel-size": "profile",
-    "-dp": "profile",
-    "--nnodes": "num_nodes",
-    "-n": "num_nodes",
-    "--node-rank": "node_rank",
-    "-r": "node_rank",
-    "--master-addr": "master_addr",
-    "--master-port": "master_port",
-    "--headless": "node_rank",
-    "--api-key": "api_key_file",
-    "--shutdown-timeout": "stop_grace_seconds",
+    flag: setting.name for setting in LAUNCHER_SETTINGS for flag in setting.owns
 }
+# vLLM's destination of each owned flag (its long spelling, `-` read as
+# `_`), and the positional model of `vllm serve MODEL`.
+OWNED_DESTS = {
+    flag[2:].replace("-", "_"): owner
+    for flag, owner in FALLBACK_OWNED_FLAGS.items()
+    if flag.startswith("--")
+} | {"model_tag": "model"}
 
 # Marks a destination no argument set: nothing vLLM stores is this object.
 _UNSET = object()

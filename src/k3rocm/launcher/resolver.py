@@ -8,17 +8,8 @@ import os
 import shlex
 from collections.abc import Mapping
 
-from k3rocm.launcher.setting_table import (
-    FALSE_WORDS,
-    SETTINGS_BY_NAME,
-    TRUE_WORDS,
-    label,
-    shown,
-)
-
-# More digits than any setting's number needs; Python refuses to convert
-# numbers of more than 4,300 digits at all.
-MAX_DIGITS = 18
+from k3rocm.launcher.messages import label, shown
+from k3rocm.setting_table import BY_NAME, Default, SettingError
 
 
 class Resolver:
@@ -59,32 +50,17 @@ class Resolver:
             return None
         return value.strip()
 
-    def integer(
-        self, name: str, minimum: int, maximum: int | None = None
-    ) -> int | None:
+    def typed(self, name: str) -> Default:
+        """The value as its row types it (a number in bounds, one of its
+        choices, a flag); None when unset or refused."""
         text = self.text(name)
         if text is None:
             return None
-        bounds = f"from {minimum} to {maximum}" if maximum else f"{minimum} or more"
-        if (
-            not (text.isascii() and text.isdigit())
-            or len(text) > MAX_DIGITS
-            or not (minimum <= int(text) <= (maximum or int(text)))
-        ):
-            self.refuse(
-                name,
-                f"{label(name)} is {shown(text)}, not a whole number {bounds}; set "
-                f"it to one, e.g. {SETTINGS_BY_NAME[name].option} "
-                f"{self._example(name, minimum)}.",
-            )
+        try:
+            return BY_NAME[name].parse(text, launcher=True)
+        except SettingError as error:
+            self.refuse(name, str(error))
             return None
-        return int(text)
-
-    def _example(self, name: str, minimum: int) -> str:
-        default = SETTINGS_BY_NAME[name].default
-        if isinstance(default, int) and not isinstance(default, bool):
-            return str(default)
-        return str(max(minimum, 1))
 
     def split(self, name: str) -> tuple[str, ...]:
         text = self.text(name)
@@ -99,18 +75,6 @@ class Resolver:
                 f"({error}): {shown(text)}; balance its quotes.",
             )
             return ()
-
-    def boolean(self, name: str) -> bool:
-        text = (self.text(name) or "0").lower()
-        if text in TRUE_WORDS:
-            return True
-        if text not in FALSE_WORDS:
-            self.refuse(
-                name,
-                f"{label(name)} is {shown(text)}; set it to 1 or 0 (also accepted: "
-                f"{', '.join(TRUE_WORDS[1:])} / {', '.join(FALSE_WORDS[1:])}).",
-            )
-        return False
 
     def path(self, name: str) -> str | None:
         """The value with a leading ~ or ~user expanded, as a shell would

@@ -12,47 +12,38 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3rocm.launcher.layout import check_layout
+from k3rocm.launcher.messages import InvalidSettings, label, shown
 from k3rocm.launcher.owned_flags import owned_flag_problems
-from k3rocm.launcher.profiles import (
+from k3rocm.launcher.resolver import Resolver
+from k3rocm.profiles import (
     AMD_MAX_NUM_SEQS,
     DEFAULT_FEATURES,
-    DEFAULT_PROFILE,
     FEATURE_CONFLICTS,
     FEATURES,
     PROFILES,
     Profile,
 )
-from k3rocm.launcher.resolver import Resolver
-
-# The table of settings lives apart so that the checks can name settings
-# without importing this module; its names stay importable from here.
-from k3rocm.launcher.setting_table import (
-    SETTINGS,
-    SETTINGS_BY_NAME,
-    InvalidSettings,
-    Setting,
-    label,
-    shown,
-)
 from k3rocm.series import shipped_series
 from k3rocm.setting_table import (
     DRI_DIR,
     HOST,
+    LAUNCHER_SETTINGS,
     MASTER_PORT,
     MODEL,
     PORT,
+    PROFILE,
     SERVED_MODEL_NAME,
+    STOP_GRACE_SECONDS,
+    FilePath,
+    Names,
+    Text,
 )
-from k3rocm.stop_budget import InvalidGrace, StopBudget, parse_grace
+from k3rocm.stop_budget import StopBudget
 
 __all__ = [
-    "SETTINGS",
-    "SETTINGS_BY_NAME",
     "InvalidSettings",
     "LaunchSettings",
     "Resolution",
-    "Setting",
-    "label",
     "raw_settings",
     "resolve",
     "resolve_all",
@@ -96,7 +87,7 @@ def argument_parser() -> argparse.ArgumentParser:
         + "\nPass more vLLM flags after `--`.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    for setting in SETTINGS:
+    for setting in LAUNCHER_SETTINGS:
         help_text = (
             f"{setting.meaning} [{setting.env}; default: {setting.shown_default}]"
         )
@@ -123,7 +114,7 @@ def raw_settings(
             "arguments after `--`, and the model in K3_MODEL (--model)"
         )
     raw: dict[str, str | None] = {}
-    for setting in SETTINGS:
+    for setting in LAUNCHER_SETTINGS:
         given = getattr(options, setting.name)
         if setting.takes_value:
             raw[setting.name] = given if given is not None else environ.get(setting.env)
@@ -163,24 +154,22 @@ def resolve_all(
     a refused value is replaced by its default, so later checks can go on."""
     resolver = Resolver(raw)
     problems = resolver.problems
-
-    profile_name = resolver.text("profile") or DEFAULT_PROFILE
-    profile = PROFILES.get(profile_name)
-    if profile is None:
-        resolver.refuse(
-            "profile",
-            f"{label('profile')} is {shown(profile_name)}, which is not a profile; "
-            f"use one of: {', '.join(PROFILES)}.",
-        )
+    # Every number, choice and flag, typed by its row.
+    typed = {
+        setting.name: resolver.typed(setting.name)
+        for setting in LAUNCHER_SETTINGS
+        if not isinstance(setting.kind, Text | Names | FilePath)
+    }
+    profile = PROFILES.get(typed["profile"] or PROFILE.default)
+    if "profile" in resolver.invalid:
+        profile = None
 
     features = _features(resolver, profile)
     extra_args = resolver.split("extra_args") + tuple(passthrough)
     problems += owned_flag_problems(extra_args)
 
-    num_nodes = resolver.integer("num_nodes", 1)
-    node_rank = resolver.integer("node_rank", 0)
+    num_nodes, node_rank = typed["num_nodes"], typed["node_rank"]
     master_addr = resolver.text("master_addr")
-    master_port = resolver.integer("master_port", 1, 65535)
     if profile is not None:
         num_nodes = check_layout(
             profile,
@@ -195,14 +184,6 @@ def resolve_all(
             problems,
         )
 
-    vllm_command = resolver.split("vllm_command") or None
-    try:
-        stop_budget = parse_grace(resolver.text("stop_grace_seconds"))
-    except InvalidGrace as error:
-        resolver.refuse(
-            "stop_grace_seconds", f"{error} ({label('stop_grace_seconds')})"
-        )
-        stop_budget = parse_grace(None)
     api_key_file = resolver.path("api_key_file")
     served_model_name = resolver.text("served_model_name")
     if served_model_name is not None and not served_model_name.isprintable():
@@ -214,27 +195,30 @@ def resolve_all(
             "printable characters.",
         )
         served_model_name = None
+    max_num_seqs = typed["max_num_seqs"] or (
+        AMD_MAX_NUM_SEQS if profile and profile.kimi_on_rocm else None
+    )
+    grace = typed["stop_grace_seconds"] or STOP_GRACE_SECONDS.default
     settings = LaunchSettings(
         model=resolver.path("model") or MODEL.default,
         served_model_name=served_model_name or SERVED_MODEL_NAME.default,
-        profile=profile or PROFILES[DEFAULT_PROFILE],
+        profile=profile or PROFILES[PROFILE.default],
         features=features,
-        max_model_len=resolver.integer("max_model_len", 1),
-        max_num_seqs=resolver.integer("max_num_seqs", 1)
-        or (AMD_MAX_NUM_SEQS if profile and profile.kimi_on_rocm else None),
+        max_model_len=typed["max_model_len"],
+        max_num_seqs=max_num_seqs,
         host=resolver.text("host") or HOST.default,
-        port=resolver.integer("port", 1, 65535) or PORT.default,
+        port=typed["port"] or PORT.default,
         api_key_file=Path(api_key_file) if api_key_file is not None else None,
         extra_args=extra_args,
         num_nodes=num_nodes or 1,
         node_rank=node_rank,
         master_addr=master_addr,
-        master_port=master_port or MASTER_PORT.default,
-        gpu_count=resolver.integer("gpu_count", 0),
+        master_port=typed["master_port"] or MASTER_PORT.default,
+        gpu_count=typed["gpu_count"],
         dri_dir=Path(resolver.path("dri_dir") or DRI_DIR.default),
-        vllm_command=vllm_command,
-        stop_budget=stop_budget,
-        dry_run=resolver.boolean("dry_run"),
+        vllm_command=resolver.split("vllm_command") or None,
+        stop_budget=StopBudget(grace),
+        dry_run=bool(typed["dry_run"]),
     )
     return Resolution(settings, tuple(problems), frozenset(resolver.invalid))
 

@@ -20,7 +20,6 @@ from k3rocm.setting_table import (
     SMOKE_ON_FAILURE,
     SMOKE_STAGE1_TIMEOUT,
     SMOKE_STAGE2_TIMEOUT,
-    Setting,
 )
 from k3rocm.states import FailurePolicy
 
@@ -46,36 +45,14 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
-        policy = SMOKE_ON_FAILURE.text(environ)
-        if policy not in tuple(FailurePolicy):
-            raise ValueError(
-                f"{SMOKE_ON_FAILURE.env}={policy!r}; use one of "
-                f"{', '.join(FailurePolicy)}"
-            )
-        key_file = API_KEY_FILE.text(environ)
+        key_file = API_KEY_FILE.read(environ)
         return cls(
-            policy=FailurePolicy(policy),
+            policy=FailurePolicy(SMOKE_ON_FAILURE.read(environ)),
             report=smoke_report_path(environ),
             run_dir=run_dir(environ),
             base_url=api_base_url(environ),
-            api_key=Path(key_file).expanduser().read_text().strip()
-            if key_file
-            else None,
-            stage1_timeout=seconds(environ, SMOKE_STAGE1_TIMEOUT),
-            load_timeout=seconds(environ, SMOKE_LOAD_TIMEOUT),
-            stage2_timeout=seconds(environ, SMOKE_STAGE2_TIMEOUT),
+            api_key=key_file.expanduser().read_text().strip() if key_file else None,
+            stage1_timeout=SMOKE_STAGE1_TIMEOUT.read(environ),
+            load_timeout=SMOKE_LOAD_TIMEOUT.read(environ),
+            stage2_timeout=SMOKE_STAGE2_TIMEOUT.read(environ),
         )
-
-
-def seconds(environ: Mapping[str, str], setting: Setting) -> float:
-    text = setting.text(environ)
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < 1e7:
-        raise ValueError(
-            f"{setting.env}={text[:40]!r}; set a number of seconds, "
-            f"e.g. {setting.default}"
-        )
-    return value

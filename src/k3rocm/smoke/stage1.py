@@ -26,7 +26,7 @@ def check_metadata_path(stage: Stage) -> str | None:
     """Which chunk metadata path this server runs (K3_KDA_METADATA); None
     when the value is not one of them (a failed check)."""
     try:
-        path = KDA_METADATA.choice(os.environ, KDA_METADATA_PATHS)
+        path = KDA_METADATA.read(os.environ)
     except ValueError as err:
         stage.add("kda metadata path", Verdict.FAIL, str(err))
         return None
