@@ -1,5 +1,5 @@
 """The run directory's files are named once (k3rocm.contract.RUN_FILES) and
-README's table "The run directory" lists exactly them."""
+the table "The run directory" of docs/container.md lists exactly them."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from vllm_trees import REPO
 from k3rocm import contract
 from k3rocm.contract import RUN_FILES, RunFile, run_files_table
 
-README = (REPO / "README.md").read_text()
+CONTAINER_DOC = (REPO / "docs" / "container.md").read_text()
 
 
-def test_readme_table_lists_exactly_the_run_files():
-    section = README.split("### The run directory", 1)[1].split("\n### ", 1)[0]
+def test_docs_table_lists_exactly_the_run_files():
+    section = CONTAINER_DOC.split("\n## The run directory\n", 1)[1].split("\n## ", 1)[0]
     assert run_files_table() in section, (
-        "README's run directory table differs from k3rocm.contract.RUN_FILES; "
-        "paste k3rocm.contract.run_files_table()"
+        "docs/container.md's run directory table differs from "
+        "k3rocm.contract.RUN_FILES; paste k3rocm.contract.run_files_table()"
     )
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == [f.name for f in RUN_FILES]
