@@ -51,22 +51,22 @@ install() {
   # py-spy reads vLLM's processes on a stall; where Yama restricts ptrace
   # (Ubuntu hosts) that takes CAP_SYS_PTRACE, which a non-root user only gets
   # from a file capability (and the container's cap_add: SYS_PTRACE).
-  "$python" -m k3rocm.forensics grant-ptrace
+  "$python" -m k3rocm.container.forensics grant-ptrace
 }
 
 patch() {
-  "$python" -m k3rocm.image verify-base --rocm-version "${ROCM_VERSION:?}" \
+  "$python" -m k3rocm.supply_chain.image verify-base --rocm-version "${ROCM_VERSION:?}" \
     --rocm-root "$rocm_root"
-  "$python" -m k3rocm.image patch --series-id "${K3_SERIES_ID:-}"
-  "$python" -m k3rocm.patchset status
+  "$python" -m k3rocm.supply_chain.image patch --series-id "${K3_SERIES_ID:-}"
+  "$python" -m k3rocm.patchtool.patchset status
 }
 
 finish() {
-  "$python" -m k3rocm.image versions --rocm-root "$rocm_root" \
+  "$python" -m k3rocm.supply_chain.image versions --rocm-root "$rocm_root" \
     --out "$root/etc/k3rocm/versions.json"
   # What the image holds, for scanners: Python and OS packages, and the
   # patched vLLM's pedigree (the series' patches).
-  "$python" -m k3rocm.sbom --out "$root/etc/k3rocm/sbom.cdx.json" \
+  "$python" -m k3rocm.supply_chain.sbom --out "$root/etc/k3rocm/sbom.cdx.json" \
     --require "$here/requirements.txt"
   # The GPU device nodes belong to video and render; the base image may lack
   # a render group (its GID is the host's anyway: compose adds it by number).

@@ -1,5 +1,5 @@
 """The container's process tree, run for real outside Docker: dumb-init (the
-image's PID 1) -> `python -m k3rocm.supervise run` -> supervisord with
+image's PID 1) -> `python -m k3rocm.container.supervise run` -> supervisord with
 docker/supervisord.conf -> the smoke test, the guard and vLLM through the
 launcher's cpu-dev profile, serving the tiny Llama on the CPU.
 
@@ -28,7 +28,7 @@ from vllm_trees import REPO, patched_tree
 
 DUMB_INIT = Path(sys.executable).with_name("dumb-init")
 # The image's CMD, under its ENTRYPOINT (dumb-init) below.
-CONTAINER_COMMAND = (sys.executable, "-m", "k3rocm.supervise", "run")
+CONTAINER_COMMAND = (sys.executable, "-m", "k3rocm.container.supervise", "run")
 TINY_MODEL_FLAGS = "--load-format dummy --enforce-eager --dtype float32"
 
 
@@ -54,7 +54,7 @@ class ContainerTree:
     def health(self) -> subprocess.CompletedProcess:
         """The image's HEALTHCHECK command."""
         return subprocess.run(
-            [sys.executable, "-m", "k3rocm.health"],
+            [sys.executable, "-m", "k3rocm.container.health"],
             env=self.env,
             capture_output=True,
             text=True,

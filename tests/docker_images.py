@@ -3,7 +3,7 @@ that ./scripts/test starts (scripts/docker-engine).
 
 No registry is reachable here, so everything is built locally: the stand-in
 for the vLLM ROCm base (scripts/standin-base; how it differs is listed there
-and in README), then the real image on top of it by scripts/build-image, the
+and in docs/testing.md), then the real image on top of it by scripts/build-image, the
 path operators use.
 """
 

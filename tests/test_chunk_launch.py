@@ -8,6 +8,7 @@ arguments against its kernel's parameters, and the fallback to the vendored
 path where nothing is compiled (the Triton interpreter)."""
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -60,6 +61,16 @@ def batch(seq_lens, lower_bound):
     )  # fmt: skip
 
 
+def stand_in_consts() -> dict:
+    """Configuration values for _forward in place of a plan's."""
+    consts = {
+        f"{s}_{n}": 64 for s, names in launch._CONFIG_VALUES.items() for n in names
+    }
+    consts.update(launch._platform_constants(), l2norm_q_BD=32, l2norm_k_BD=32)
+    consts.update(intra_BK=32, intra_BH=1)
+    return consts
+
+
 @pytest.mark.parametrize("lower_bound", [-5.0, None], ids=["safe-gate", "no-bound"])
 def test_every_launch_passes_its_kernels_parameters(lower_bound):
     """_forward's arguments, site by site, line up with the vendored
@@ -67,11 +78,7 @@ def test_every_launch_passes_its_kernels_parameters(lower_bound):
     passes by name in the places those names have."""
     args = batch([1, 70, 0, 3], lower_bound)
     prepared = launch.prepare(*args)
-    consts = {
-        f"{s}_{n}": 64 for s, names in launch._CONFIG_VALUES.items() for n in names
-    }
-    consts.update(launch._platform_constants(), l2norm_q_BD=32, l2norm_k_BD=32)
-    consts.update(intra_BK=32, intra_BH=1)
+    consts = stand_in_consts()
     seen = {}
 
     def record(site, grid, *kernel_args):
@@ -81,7 +88,7 @@ def test_every_launch_passes_its_kernels_parameters(lower_bound):
         assert all(n >= 0 for n in grid) and len(grid) == 3
         seen[site] = named
 
-    out, state = launch._forward(record, consts, *prepared)
+    out, state = launch._forward(record, consts, False, *prepared)
     assert list(seen) == list(launch.SITES)
     cu, indices, offsets = args[12:]
     for site, named in seen.items():
@@ -126,28 +133,96 @@ def test_interpreter_runs_the_vendored_path_with_the_same_arguments(monkeypatch)
     assert launch.STATS["vendored_calls"] == before["vendored_calls"] + 1
 
 
+PIECES = [
+    ((1, 77, 2, 32), torch.float32),
+    ((1, 77, 2), torch.float32),
+    ((1, 77, 2, 64), torch.bfloat16),
+    ((1, 3, 2, 32, 32), torch.bfloat16),
+    ((1, 1, 2, 16), torch.float32),
+]
+
+
 def test_intermediates_are_cut_from_one_allocation_like_fresh_tensors():
     """The launched path's intermediates: each with the shape, dtype and
     strides torch.empty gives, 256-byte aligned (the binaries assume
-    16-byte-aligned pointers), none overlapping another, one storage."""
-    pieces = [
-        ((1, 77, 2, 32), torch.float32),
-        ((1, 77, 2), torch.float32),
-        ((1, 77, 2, 64), torch.bfloat16),
-        ((1, 3, 2, 32, 32), torch.bfloat16),
-        ((1, 1, 2, 16), torch.float32),
-    ]
-    carved = launch._carve(torch.device("cpu"), pieces)
+    16-byte-aligned pointers), none overlapping another, inside the one
+    allocation; as pointers, the same addresses."""
+    memory, carved = launch._carve(torch.device("cpu"), PIECES, False)
+    base = memory.data_ptr()
     spans = []
-    for tensor, (shape, dtype) in zip(carved, pieces, strict=True):
+    for tensor, (shape, dtype) in zip(carved, PIECES, strict=True):
         fresh = torch.empty(shape, dtype=dtype)
         assert (tensor.shape, tensor.dtype) == (fresh.shape, fresh.dtype)
         assert tensor.stride() == fresh.stride() and tensor.is_contiguous()
-        start = tensor.data_ptr() - carved[0].data_ptr()
+        start = tensor.data_ptr() - base
         assert start % launch._PIECE_BYTES == 0
         spans.append((start, start + tensor.numel() * tensor.element_size()))
-        assert tensor.untyped_storage().data_ptr() == (
-            carved[0].untyped_storage().data_ptr()
-        )
+        assert tensor.untyped_storage().data_ptr() == base
     spans.sort()
+    assert spans[0][0] == 0 and spans[-1][1] <= memory.numel()
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+    memory, pointers = launch._carve(torch.device("cpu"), PIECES, True)
+    assert [p - memory.data_ptr() for p in pointers] == [s for s, _ in spans]
+
+
+@pytest.mark.parametrize("lower_bound", [-5.0, None], ids=["safe-gate", "no-bound"])
+def test_pointers_are_the_addresses_of_the_tensors(lower_bound):
+    """The launched path hands the binaries device addresses: launch by
+    launch the same arguments as with tensors (the inputs' own addresses;
+    the intermediates' at the same places in their allocation), and Akk
+    zeroed as torch.zeros would leave it."""
+    args = batch([1, 70, 0, 3], lower_bound)
+    consts = stand_in_consts()
+    seen = {True: [], False: []}
+
+    def recorder(pointers):
+        def record(site, grid, *kernel_args):
+            seen[pointers].append((site, grid, kernel_args))
+            if site == "inter_solve":
+                akk = kernel_args[6]
+                if pointers:  # the zeroed bytes, read back at that address
+                    size = akk_bytes[0]
+                    akk = torch.tensor([], dtype=torch.uint8).set_(
+                        memories[0].untyped_storage(), akk - memories[0].data_ptr(),
+                        (size,),
+                    )  # fmt: skip
+                zeroed[pointers] = bool((akk == 0).all())
+
+        return record
+
+    memories, akk_bytes, zeroed = [], [], {}
+    carve = launch._carve
+
+    def keep(device, pieces, pointers):
+        memory, carved = carve(device, pieces, pointers)
+        memories.append(memory)
+        akk_bytes.append(math.prod(pieces[5][0]) * pieces[5][1].itemsize)
+        return memory, carved
+
+    launch._carve = keep
+    try:
+        out, state = launch._forward(
+            recorder(True), consts, True, *launch.prepare(*args)
+        )
+        prepared = launch.prepare(*args)
+        launch._forward(recorder(False), consts, False, *prepared)
+    finally:
+        launch._carve = carve
+    assert out is args[2] and state.shape == args[8].shape
+    assert zeroed == {True: True, False: True}
+    bases = [m.data_ptr() for m in memories]
+    inputs = {t.data_ptr() for t in prepared if torch.is_tensor(t)}
+    for (site, grid, ours), (site_t, grid_t, theirs) in zip(
+        seen[True], seen[False], strict=True
+    ):
+        assert (site, grid) == (site_t, grid_t)
+        for a, b in zip(ours, theirs, strict=True):
+            if not torch.is_tensor(b):
+                assert a == b or (a is None and b is None), site
+            elif b.data_ptr() in inputs or b is prepared[2]:
+                assert a == b.data_ptr(), site
+            else:  # an intermediate, or the final state (its own tensor)
+                if b.shape == state.shape and b.dtype == torch.float32:
+                    assert a != bases[0], site
+                    continue
+                assert a - bases[0] == b.data_ptr() - bases[1], site

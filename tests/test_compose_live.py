@@ -346,7 +346,7 @@ def test_readmes_process_listing_works_in_a_compose_container(project):
         project["server"],
         "python3",
         "-m",
-        "k3rocm.supervise",
+        "k3rocm.container.supervise",
         "ctl",
         "status",
         check=False,
@@ -422,7 +422,7 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
     # the stop until the container exits (one exec: no start-up per look).
     health_loop = subprocess.Popen(
         ["docker", "exec", server, "sh", "-c",
-         "while :; do python3 -m k3rocm.health; sleep 0.1; done"],
+         "while :; do python3 -m k3rocm.container.health; sleep 0.1; done"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

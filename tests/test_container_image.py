@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from vllm_trees import REPO, copy_tree, installed_root
 
-from k3rocm.image import BASE_IMAGE, ROCM_VERSION, image_tag
 from k3rocm.series import Series
+from k3rocm.supply_chain.image import BASE_IMAGE, ROCM_VERSION, image_tag
 
 SERIES = Series(REPO / "patches")
 BIN = Path(sys.executable).parent
@@ -73,13 +73,13 @@ def test_dockerfile_shape():
         "k3rocm.patch-series",
     ):
         assert f"{label}=" in text
-    assert 'CMD ["python3", "-m", "k3rocm.health"]' in text
+    assert 'CMD ["python3", "-m", "k3rocm.container.health"]' in text
     assert 'ENTRYPOINT ["dumb-init", "--single-child", "--"]' in text
     assert re.search(r"^USER \$\{K3_UID\}$", text, re.M)
 
 
 def test_dockerfile_names_versions_only_in_build_argument_defaults():
-    """patches/series.toml and k3rocm.image are the versions' homes; the
+    """patches/series.toml and k3rocm.supply_chain.image are the versions' homes; the
     Dockerfile repeats them only where Docker needs a default (a build
     without arguments, as compose's), and the test above holds those equal."""
     text = DOCKERFILE.read_text()
@@ -227,7 +227,11 @@ def test_wheel_and_install_steps_build_and_install_hash_pinned(tmp_path):
     )
     assert "v1.2.5" in init.stdout + init.stderr
     probe = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import k3rocm.supervise, supervisor"],
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import k3rocm.container.supervise, supervisor",
+        ],
         capture_output=True,
         text=True,
     )

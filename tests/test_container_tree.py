@@ -22,7 +22,7 @@ import urllib.request
 import pytest
 from container_tree import session_processes, start_container_tree, stop_container_tree
 
-from k3rocm.guard import EXIT_SMOKE, EXIT_VLLM
+from k3rocm.container.guard import EXIT_SMOKE, EXIT_VLLM
 
 # A cold vLLM CPU server takes ~50 s here; the smoke test's stage 1 ~25 s.
 SERVER_START = 240
@@ -56,7 +56,7 @@ def container(tmp_path):
 @pytest.mark.server
 def test_smoke_passes_then_sigterm_stops_vllm_gracefully(container, tmp_path):
     # A build killed in an earlier container left AITER's lock on the cache:
-    # the start sweeps it before anything builds (k3rocm.jit_locks).
+    # the start sweeps it before anything builds (k3rocm.container.jit_locks).
     stale = tmp_path / "aiter" / "build" / "lock_module_rmsnorm"
     stale.parent.mkdir(parents=True)
     holder = subprocess.Popen(

@@ -1,4 +1,4 @@
-"""The drain middleware (k3rocm.drain) driven through the ASGI interface with
+"""The drain middleware (k3rocm.container.drain) driven through the ASGI interface with
 a streaming app, and the stop budget's derivation; the container-level drain
 (`docker stop` with streams in flight) is in test_container_docker.py."""
 
@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
-from k3rocm import drain
+from k3rocm.container import drain
+from k3rocm.container.stop_budget import StopBudget, budget_from_env
 from k3rocm.setting_table import STOP_GRACE_SECONDS, SettingError
-from k3rocm.stop_budget import StopBudget, budget_from_env
 
 CHUNKS = 5
 

@@ -1,4 +1,4 @@
-"""Stack capture (k3rocm.forensics) with the real py-spy on real, stopped
+"""Stack capture (k3rocm.container.forensics) with the real py-spy on real, stopped
 Python processes, and the file capability the image gives py-spy, checked by
 the kernel."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from k3rocm import forensics
+from k3rocm.container import forensics
 
 # A process-group leader and a child in its group, each parked in a function
 # whose name the dump must show.

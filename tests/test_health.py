@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from k3rocm import health
+from k3rocm.container import health
+from k3rocm.container.drain import write_drain_mark
 from k3rocm.contract import BadAddress, api_base_url
-from k3rocm.drain import write_drain_mark
 
 
 @pytest.mark.parametrize(
@@ -37,7 +37,7 @@ def test_a_bad_port_is_a_clear_error(port):
 
 def run_health(run_dir, **env) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "k3rocm.health"],
+        [sys.executable, "-m", "k3rocm.container.health"],
         env={"K3_RUN_DIR": str(run_dir), "PATH": "/usr/bin:/bin", **env},
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""The start-up sweep of stale JIT locks (k3rocm.jit_locks), on lock files
+"""The start-up sweep of stale JIT locks (k3rocm.container.jit_locks), on lock files
 made the way each library makes them, by real processes: a holder killed
 mid-build (removed) and a live holder in another process sharing the
 directory (kept)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from k3rocm import jit_locks
+from k3rocm.container import jit_locks
 
 # torch's FileBaton, which AITER's JIT and torch's extension builds use: the
 # file is created with O_EXCL and held open until the build ends.

@@ -517,7 +517,7 @@ def test_two_node_commands_agree(vllm_parsers, capsys, profile):
     # Node 0 serves the API; node 1 runs only engines or workers.
     assert (rank0["headless"], rank1["headless"]) == (False, True)
     # Only the node serving the API drains it on stop.
-    assert rank0["middleware"] == ["k3rocm.drain.DrainMiddleware"]
+    assert rank0["middleware"] == ["k3rocm.container.drain.DrainMiddleware"]
     assert rank1["middleware"] == []
     # Everything else, the model and the recipe included, is the same, but
     # for --disable-log-stats, which only tep16's node 0 (one API server) has.

@@ -533,7 +533,7 @@ def test_other_middleware_may_be_added(node, capsys):
     env = node.env(K3_EXTRA_ARGS="--middleware my.Middleware")
     code, out, err = run_in_process(capsys, env)
     assert code == 0, err
-    assert "k3rocm.drain.DrainMiddleware" in out and "my.Middleware" in out
+    assert "k3rocm.container.drain.DrainMiddleware" in out and "my.Middleware" in out
 
 
 def test_problems_of_every_kind_are_reported_together(node):

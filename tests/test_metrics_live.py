@@ -40,8 +40,9 @@ from vllm_server import (
 )
 from vllm_trees import SERIES, patched_tree
 
-from k3rocm import dashboard, watchdog
+from k3rocm.container import watchdog
 from k3rocm.contract import IMAGE_TAG_ENV, SMOKE_REPORT_ENV, vllm_metrics_args
+from k3rocm.monitoring import dashboard
 
 pytestmark = pytest.mark.server
 
@@ -268,7 +269,7 @@ class Prometheus:
 def prometheus(single_server, tmp_path_factory):
     """Debian's Prometheus with monitoring/prometheus.yml, scraping the
     single server and the container's start-up endpoint (the real
-    `python -m k3rocm.status`, on the server's run directory) every second
+    `python -m k3rocm.container.status`, on the server's run directory) every second
     and evaluating every rule file."""
     server, _ = single_server
     workdir = tmp_path_factory.mktemp("prometheus")
@@ -285,7 +286,7 @@ def prometheus(single_server, tmp_path_factory):
     ]
     jobs["kimi-k3-container"]["static_configs"][0]["labels"]["instance"] = target
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-    status = [sys.executable, "-m", "k3rocm.status"]
+    status = [sys.executable, "-m", "k3rocm.container.status"]
     status_env = {
         **os.environ,
         "K3_RUN_DIR": str(workdir / "run"),
@@ -380,7 +381,7 @@ class TestSingleApiServer:
         used = set(METRIC_NAME.findall(dashboard.render()))
         used |= set(METRIC_NAME.findall((MONITORING / "alerts.yml").read_text()))
         # The container's start-up metrics are not vLLM's: test_status.py
-        # checks them against the real k3rocm.status endpoint.
+        # checks them against the real k3rocm.container.status endpoint.
         used = {name for name in used if not CONTAINER_METRIC.match(name)}
         assert used, "no metric names found"
         assert not used - live, f"not on /metrics: {sorted(used - live)}"

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from vllm.v1.metrics.stats import SchedulerIterationDetails, SchedulerStats
 from vllm_trees import SERIES
 
-from k3rocm import build_info, metrics, smoke_verdict
+from k3rocm.plugin import build_info, metrics, smoke_verdict
 
 
 def details(ctx_reqs: int, gen_reqs: int, *, dummy: bool = False, ms: float = 4.0):

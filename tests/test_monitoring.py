@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k3rocm import alerts, dashboard, monitoring
+from k3rocm.monitoring import alerts, dashboard
+from k3rocm.monitoring import names as monitoring
 
 REPO = Path(__file__).resolve().parents[1]
 MONITORING = REPO / "monitoring"
@@ -105,7 +106,7 @@ def test_promtool_tests_cover_every_alert_firing_and_quiet(test_file, names):
 @pytest.mark.parametrize("rule_file", alerts.RULE_FILES)
 def test_committed_alert_rules_are_current(rule_file):
     assert (MONITORING / rule_file).read_text() == alerts.render(rule_file), (
-        f"monitoring/{rule_file} is stale: run python -m k3rocm.alerts "
+        f"monitoring/{rule_file} is stale: run python -m k3rocm.monitoring.alerts "
         "--output-dir monitoring"
     )
 
@@ -133,7 +134,8 @@ def test_the_container_job_shares_the_vllm_instance():
 def test_committed_dashboard_is_current():
     assert DASHBOARD_JSON.read_text() == dashboard.render(), (
         "monitoring/grafana/dashboards/kimi-k3-rocm.json is stale: run "
-        "python -m k3rocm.dashboard --output " + str(DASHBOARD_JSON.relative_to(REPO))
+        "python -m k3rocm.monitoring.dashboard --output "
+        + str(DASHBOARD_JSON.relative_to(REPO))
     )
 
 

@@ -1,7 +1,7 @@
 """Two containers of the image as the two nodes of a vLLM native multi-node
 deployment, each with its own address on a user-defined network.
 
-Stand-ins (README, "Two nodes"): the stand-in base's vLLM CPU build and
+Stand-ins (docs/launching.md, "Proven here"): the stand-in base's vLLM CPU build and
 profile cpu-dev-2node (tensor parallel 2, one CPU rank per node, Gloo)
 instead of ROCm GPUs, RCCL and tep16/dep16 (8 GPUs per node); a Docker
 bridge network instead of host networking on a cluster network.
@@ -23,7 +23,7 @@ from docker_images import (
     vllm_processes,
 )
 
-from k3rocm.guard import LOST_NODE0_SECONDS
+from k3rocm.container.guard import LOST_NODE0_SECONDS
 
 pytestmark = pytest.mark.docker
 NETWORK = "k3rocm-test-nodes"
@@ -88,8 +88,8 @@ def test_two_nodes_serve_a_completion_through_node_0(nodes):
     # Tensor parallel 2 over the two nodes: rank 1 runs on node 1.
     assert "world_size=2 rank=0" in node0.logs()
     assert re.search(r"rank 1 in world size 2 is assigned as .*TP rank 1", node1.logs())
-    # Node 1 has no API server: its health is its own (k3rocm.node).
-    health = node1.exec("python3", "-m", "k3rocm.health")
+    # Node 1 has no API server: its health is its own (k3rocm.container.node).
+    health = node1.exec("python3", "-m", "k3rocm.container.health")
     assert health.returncode == 0, health.stdout + health.stderr
     assert f"headless node 1, vLLM connected to node 0 at {NODE0}:29501" in (
         health.stdout

@@ -43,7 +43,7 @@ def sha256(path: Path) -> str:
 
 
 def tool(*args: str) -> list[str]:
-    return [sys.executable, "-m", "k3rocm.patchset", *args]
+    return [sys.executable, "-m", "k3rocm.patchtool.patchset", *args]
 
 
 def run_tool(

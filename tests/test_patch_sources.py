@@ -1,4 +1,4 @@
-"""Patches generated from source files in this repository (k3rocm.patchgen)
+"""Patches generated from source files in this repository (k3rocm.patchtool.patchgen)
 stay in step with their sources, apply with the series' strict applier, and
 put exactly the source's bytes into a real vLLM tree."""
 
@@ -8,17 +8,17 @@ import sys
 import pytest
 from vllm_trees import REPO, patched_tree
 
-from k3rocm import unified_diff
-from k3rocm.patchgen import GENERATED, main, stale
+from k3rocm.patchtool import unified_diff
+from k3rocm.patchtool.patchgen import GENERATED, main, stale
 
 
 def test_committed_patches_equal_what_their_sources_generate():
-    assert stale() == [], "run: python -m k3rocm.patchgen"
+    assert stale() == [], "run: python -m k3rocm.patchtool.patchgen"
 
 
 def test_check_command_passes_on_the_checkout():
     result = subprocess.run(
-        [sys.executable, "-m", "k3rocm.patchgen", "--check"],
+        [sys.executable, "-m", "k3rocm.patchtool.patchgen", "--check"],
         cwd=REPO,
         capture_output=True,
         text=True,

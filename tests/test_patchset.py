@@ -180,7 +180,7 @@ def test_read_only_tree_is_restored_after_a_failed_write(pristine):
     script = (
         f'mount --bind "{read_only}" "{read_only}" && '
         f'mount -o remount,bind,ro "{read_only}" && '
-        f'exec "$0" -m k3rocm.patchset apply --target "{pristine}"'
+        f'exec "$0" -m k3rocm.patchtool.patchset apply --target "{pristine}"'
     )
     result = subprocess.run(
         ["unshare", "--map-root-user", "--mount", "sh", "-c", script, sys.executable],
@@ -207,12 +207,12 @@ def test_tree_without_vllm_gets_no_lock_file(tmp_path):
 def test_inspect_refuses_a_tree_with_an_unfinished_journal(pristine):
     """Readers that take no lock (smoke test, metrics) must not trust a tree
     an interrupted apply left behind; apply then finishes it."""
-    from k3rocm import patchset
+    from k3rocm.patchtool import patchset
 
     journal = pristine / ".k3rocm-patch-journal" / "journal.json"
     for step in range(1, 100):  # the first fault point past the journal's record
         crash = {**os.environ, "K3_PATCHSET_CRASH_AT_STEP": str(step)}
-        command = [sys.executable, "-m", "k3rocm.patchset", "apply"]
+        command = [sys.executable, "-m", "k3rocm.patchtool.patchset", "apply"]
         target = ["--target", str(pristine)]
         subprocess.run([*command, *target], env=crash, cwd=REPO, capture_output=True)
         if journal.is_file():

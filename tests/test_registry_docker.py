@@ -17,9 +17,9 @@ from docker_images import docker
 from registry import build_image_push, registry_digest
 from vllm_trees import REPO
 
-from k3rocm.image import image_tag
-from k3rocm.sbom import missing_pins, pinned
 from k3rocm.series import Series
+from k3rocm.supply_chain.image import image_tag
+from k3rocm.supply_chain.sbom import missing_pins, pinned
 
 pytestmark = pytest.mark.docker
 SERIES = Series(REPO / "patches")

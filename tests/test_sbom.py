@@ -1,6 +1,7 @@
-"""The image's SBOM (k3rocm.sbom): CycloneDX 1.6 that cyclonedx-python-lib's
-own schema accepts, the patched vLLM with each patch of the series in its
-pedigree, OS packages from dpkg, and the pins it must list. The SBOM inside
+"""The image's SBOM (k3rocm.supply_chain.sbom): CycloneDX 1.6 that
+cyclonedx-python-lib's own schema accepts, the patched vLLM with each patch
+of the series in its pedigree, OS packages from dpkg, and the pins it must
+list. The SBOM inside
 the built image is checked in test_registry_docker.py."""
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from vllm_trees import REPO
 
-from k3rocm import sbom
 from k3rocm.series import Series
+from k3rocm.supply_chain import sbom
 
 SERIES = Series(REPO / "patches")
 PINS = REPO / "docker" / "requirements.txt"

@@ -27,7 +27,7 @@ from malformed_json import (
 )
 from prometheus_client import CollectorRegistry, generate_latest
 
-from k3rocm import smoke_verdict
+from k3rocm.plugin import smoke_verdict
 
 VERDICT = "k3rocm_smoke_verdict"
 

@@ -1,4 +1,4 @@
-"""The container's start-up metrics endpoint (k3rocm.status), run as the
+"""The container's start-up metrics endpoint (k3rocm.container.status), run as the
 real program on a free port and scraped over HTTP, through every phase."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vllm_server import free_port
 from vllm_trees import REPO
 
-from k3rocm.drain import write_drain_mark
+from k3rocm.container.drain import write_drain_mark
 
 MONITORING = REPO / "monitoring"
 
@@ -45,7 +45,7 @@ def phase(samples) -> str:
 def status(tmp_path, vllm_health):
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "k3rocm.status"],
+        [sys.executable, "-m", "k3rocm.container.status"],
         env={
             "K3_RUN_DIR": str(tmp_path),
             "K3_SMOKE_REPORT": str(tmp_path / "smoke-report.json"),
@@ -90,7 +90,7 @@ def test_every_phase_from_stage1_to_draining(status, tmp_path):
 
 
 def test_stage2_is_when_vllm_answers(tmp_path, vllm_health):
-    from k3rocm.status import current_phase
+    from k3rocm.container.status import current_phase
 
     (tmp_path / "stage1-done").write_text("fail\n")
     assert current_phase(tmp_path, f"http://127.0.0.2:{vllm_health}") == "stage2"
@@ -115,7 +115,7 @@ def test_a_malformed_report_is_no_stage1_verdict(status, tmp_path, report):
 @pytest.mark.parametrize("name", ["K3_STATUS_PORT", "K3_LOAD_ALERT_SECONDS"])
 def test_a_bad_setting_is_refused_in_one_line(name):
     result = subprocess.run(
-        [sys.executable, "-m", "k3rocm.status"],
+        [sys.executable, "-m", "k3rocm.container.status"],
         env={name: "abc", "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
@@ -126,7 +126,7 @@ def test_a_bad_setting_is_refused_in_one_line(name):
 
 
 def test_every_container_metric_the_rules_and_dashboard_use_is_served(status):
-    from k3rocm import dashboard
+    from k3rocm.monitoring import dashboard
 
     used = set(
         re.findall(

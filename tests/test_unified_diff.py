@@ -1,4 +1,4 @@
-"""k3rocm.unified_diff (the patch tool's own applier, so the image needs no
+"""k3rocm.patchtool.unified_diff (the patch tool's own applier, so the image needs no
 git) against `git apply` as the reference, on the real vLLM 0.27.1 files."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vllm_trees import REPO, installed_root
 
-from k3rocm import unified_diff
+from k3rocm.patchtool import unified_diff
 from k3rocm.series import Series
 
 SERIES = Series(REPO / "patches")

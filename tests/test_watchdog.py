@@ -1,4 +1,4 @@
-"""The stall watchdog's judgement (k3rocm.watchdog) look by look, its reading
+"""The stall watchdog's judgement (k3rocm.container.watchdog) look by look, its reading
 of a real /metrics text, its setting, and the health check's line for a
 stall. The watchdog in the container, against a really stopped engine, is in
 test_stall_docker.py."""
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from k3rocm import health, watchdog
+from k3rocm.container import health, watchdog
 from k3rocm.contract import READY_MARK, STALL_MARK
 from k3rocm.engine_progress import (
     ENGINE_REQUESTS_METRIC,

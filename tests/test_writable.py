@@ -1,4 +1,4 @@
-"""The start-up check of what must be writable (k3rocm.writable), on real
+"""The start-up check of what must be writable (k3rocm.container.writable), on real
 mounts: a read-only one and a noexec one, as `docker run --read-only` and
 Docker's default --tmpfs make them."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from k3rocm import writable
+from k3rocm.container import writable
 
 
 @contextlib.contextmanager

@@ -48,7 +48,7 @@ def copy_tree(src_root: Path, dest_root: Path) -> Path:
 
 def run_patchset(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "k3rocm.patchset", *args],
+        [sys.executable, "-m", "k3rocm.patchtool.patchset", *args],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -2,6 +2,9 @@
 processes share: the run directory's files (RUN_FILES, README's table "The
 run directory"), the API's address, the metrics flags."""
 
+from __future__ import annotations
+
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,7 +32,7 @@ def smoke_report_path(environ: Mapping[str, str] | None = None) -> Path:
     )
 
 
-# vLLM flags the step-latency metrics plugin (k3rocm.metrics) needs, for a
+# vLLM flags the step-latency metrics plugin (k3rocm.plugin.metrics) needs, for a
 # server whose one API server runs in the `vllm serve` process (the default
 # when data-parallel size is 1): iteration details feed the plugin, and
 # --disable-log-stats drops vLLM's logging stat logger, which would otherwise
@@ -63,7 +66,7 @@ DEFAULT_RUN_DIR = RUN_DIR.default
 @dataclass(frozen=True)
 class RunFile:
     """A file of the container's run directory (K3_RUN_DIR): the state its
-    processes share. ``k3rocm.supervise run`` removes every one at start."""
+    processes share. ``k3rocm.container.supervise run`` removes every one at start."""
 
     name: str
     writer: str
@@ -76,14 +79,14 @@ _UNTIL_NEXT_START = "until the container's next start"
 STAGE1_GATE_FILE = RunFile(
     "stage1-done",
     "k3rocm.smoke",
-    "k3rocm.supervise serve; k3rocm.status",
+    "k3rocm.container.supervise serve; k3rocm.container.status",
     "Smoke stage 1 is over (its verdict inside); vLLM may start.",
     _UNTIL_NEXT_START,
 )
 READY_FILE = RunFile(
     "ready",
     "k3rocm.smoke",
-    "k3rocm.health; k3rocm.status",
+    "k3rocm.container.health; k3rocm.container.status",
     "Smoke stage 2 is over and serving goes on (its verdict inside: pass, or "
     "fail under K3_SMOKE_ON_FAILURE=warn); the health check needs it.",
     _UNTIL_NEXT_START,
@@ -91,45 +94,48 @@ READY_FILE = RunFile(
 SMOKE_REPORT_FILE = RunFile(
     "smoke-report.json",
     "k3rocm.smoke",
-    "k3rocm.smoke_verdict (metrics plugin); k3rocm.status; k3rocm.supervise listen",
+    "k3rocm.plugin.smoke_verdict (metrics plugin); k3rocm.container.status; "
+    "k3rocm.container.supervise listen",
     "The smoke test's JSON report, rewritten as each stage ends (K3_SMOKE_REPORT "
     "may put it elsewhere).",
     _UNTIL_NEXT_START,
 )
 DRAIN_FILE = RunFile(
     "draining",
-    "k3rocm.supervise run (k3rocm.drain)",
-    "k3rocm.drain in vLLM's API server; k3rocm.health; k3rocm.status",
+    "k3rocm.container.supervise run (k3rocm.container.drain)",
+    "k3rocm.container.drain in vLLM's API server; k3rocm.container.health; "
+    "k3rocm.container.status",
     "A stop is draining: new requests get 503 until the deadline inside.",
     "from the stop signal to the container's exit",
 )
 EXIT_REASON_FILE = RunFile(
     "exit-reason.json",
-    "k3rocm.supervise listen (the guard)",
-    "k3rocm.supervise run; k3rocm.status",
+    "k3rocm.container.supervise listen (the guard)",
+    "k3rocm.container.supervise run; k3rocm.container.status",
     "Why the container stops and its exit code.",
     "until the next start, which refuses to load again when it records a "
     "failed smoke test",
 )
 STALL_FILE = RunFile(
     "stalled",
-    "k3rocm.watchdog",
-    "k3rocm.health; k3rocm.watchdog",
+    "k3rocm.container.watchdog",
+    "k3rocm.container.health; k3rocm.container.watchdog",
     "The engine stalled: since when, and how many requests were pending "
     "(JSON); the container is capturing stacks and about to exit 5.",
     "from the stall to the container's exit",
 )
 VLLM_DEATHS_FILE = RunFile(
     "vllm-deaths",
-    "k3rocm.supervise listen (the guard)",
-    "k3rocm.supervise listen (the guard)",
+    "k3rocm.container.supervise listen (the guard)",
+    "k3rocm.container.supervise listen (the guard)",
     "vLLM deaths so far, so that a restarted guard keeps the count.",
     _UNTIL_NEXT_START,
 )
 VLLM_PGID_FILE = RunFile(
     "vllm.pgid",
-    "k3rocm.supervise serve",
-    "k3rocm.supervise serve; k3rocm.watchdog; k3rocm.supervise listen (stacks)",
+    "k3rocm.container.supervise serve",
+    "k3rocm.container.supervise serve; k3rocm.container.watchdog; "
+    "k3rocm.container.supervise listen (stacks)",
     "The running vLLM's process group; the next vLLM start kills what is left "
     "of it, a stall's stack capture dumps every process in it.",
     "replaced by each vLLM start",
@@ -194,3 +200,32 @@ def api_base_url(environ: Mapping[str, str]) -> str:
     elif ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"http://{host}:{port}"
+
+
+@dataclass(frozen=True)
+class StopReason:
+    """The stop-reason file (REASON_FILE): why the container stops and the
+    exit code it stops with; written once by the guard or the watchdog, read
+    by ``supervise``."""
+
+    exit_code: int
+    reason: str
+
+    def text(self) -> str:
+        return json.dumps({"exit_code": self.exit_code, "reason": self.reason}) + "\n"
+
+    @classmethod
+    def read(cls, directory: Path) -> StopReason | None:
+        """The recorded reason; None when there is none; ValueError (or
+        OSError) when the file cannot be read as one."""
+        try:
+            text = (directory / REASON_FILE).read_text()
+        except FileNotFoundError:
+            return None
+        document = json.loads(text)
+        if not isinstance(document, dict):
+            raise ValueError("not a JSON object")
+        code, reason = document.get("exit_code"), document.get("reason")
+        if not isinstance(code, int) or isinstance(code, bool):
+            raise ValueError(f"exit_code is {code!r}")
+        return cls(code, str(reason))

@@ -1,6 +1,7 @@
 """What the engine's progress is measured by, shared by its writer (the
-metrics plugin, inside vLLM) and its judges (the watchdog, the health
-check), which must not import vLLM: the metric names and the stall mark."""
+metrics plugin, inside vLLM) and its judges and readers (the watchdog, the
+health check, the monitoring generators), which must not import vLLM: the
+names of the metrics the plugin exports, and the stall mark."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from pathlib import Path
 
 from k3rocm.contract import STALL_MARK
 
+STEP_DURATION_METRIC = "k3rocm_engine_step_duration_seconds"
+STEPS_METRIC = "k3rocm_engine_steps_total"
+CONTEXT_TOKENS_METRIC = "k3rocm_engine_step_context_tokens_total"
+GENERATION_TOKENS_METRIC = "k3rocm_engine_step_generation_tokens_total"
 LAST_STEP_METRIC = "k3rocm_engine_last_step_timestamp_seconds"
 ENGINE_REQUESTS_METRIC = "k3rocm_engine_requests"
 REQUEST_STATES = ("running", "waiting")

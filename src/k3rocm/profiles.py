@@ -16,7 +16,7 @@ class MultiNode(Enum):
     # vLLM's own multi-node launch: the same command on every node with
     # --nnodes/--node-rank/--master-addr/--master-port, --headless on workers.
     NATIVE = "native"
-    # No Ray profiles: see README, "Why no Ray profiles".
+    # No Ray profiles: see docs/launching.md, "Why no Ray profiles".
 
 
 @dataclass(frozen=True)

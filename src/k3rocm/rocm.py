@@ -1,7 +1,7 @@
 """The ROCm release an install declares, read from its version file.
 
-Shared by the image build steps (k3rocm.image) and the metrics plugin
-(k3rocm.build_info), so neither imports the other.
+Shared by the image build steps (k3rocm.supply_chain.image) and the metrics plugin
+(k3rocm.plugin.build_info), so neither imports the other.
 """
 
 from __future__ import annotations

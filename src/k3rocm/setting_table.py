@@ -264,7 +264,7 @@ SERVED_MODEL_NAME = _launcher(
     "kimi-k3",
     "Model name clients put in requests.",
     owns=("--served-model-name",),
-    readers=("launcher", "smoke", "watchdog"),
+    readers=("launcher", "smoke", "container.watchdog"),
 )
 PROFILE = _launcher(
     "profile",
@@ -272,7 +272,7 @@ PROFILE = _launcher(
     "Parallel layout: " + ", ".join(PROFILES) + ".",
     kind=OneOf(tuple(PROFILES), "profile"),
     owns=("--tensor-parallel-size", "-tp", "--data-parallel-size", "-dp"),
-    readers=("launcher", "node"),
+    readers=("launcher", "container.node"),
 )
 FEATURES_SETTING = _launcher(
     "features",
@@ -322,7 +322,7 @@ API_KEY_FILE = _launcher(
     shown="none (no key)",
     kind=FilePath(),
     owns=("--api-key",),
-    readers=("launcher", "smoke", "watchdog", "accept"),
+    readers=("launcher", "smoke", "container.watchdog", "accept"),
 )
 EXTRA_ARGS = _launcher(
     "extra_args",
@@ -347,7 +347,7 @@ NODE_RANK = _launcher(
     shown="none",
     kind=Whole(0),
     owns=("--node-rank", "-r", "--headless"),
-    readers=("launcher", "node"),
+    readers=("launcher", "container.node"),
 )
 MASTER_ADDR = _launcher(
     "master_addr",
@@ -355,7 +355,7 @@ MASTER_ADDR = _launcher(
     "Address of node 0, reachable from every node; required by tep16 and dep16.",
     shown="none",
     owns=("--master-addr",),
-    readers=("launcher", "node"),
+    readers=("launcher", "container.node"),
 )
 MASTER_PORT = _launcher(
     "master_port",
@@ -363,7 +363,7 @@ MASTER_PORT = _launcher(
     "Port on node 0 the nodes meet on (tep16, dep16).",
     kind=Whole(1, 65535),
     owns=("--master-port",),
-    readers=("launcher", "node"),
+    readers=("launcher", "container.node"),
 )
 GPU_COUNT = _launcher(
     "gpu_count",
@@ -394,7 +394,7 @@ STOP_GRACE_SECONDS = _launcher(
     "from it.",
     kind=Whole(20, 24 * 3600),
     owns=("--shutdown-timeout",),
-    readers=("launcher", "stop_budget", "supervise"),
+    readers=("launcher", "container.stop_budget", "container.supervise"),
 )
 DRY_RUN = _launcher(
     "dry_run",
@@ -421,7 +421,7 @@ SMOKE_STAGE1_TIMEOUT = Setting(
     "compile included).",
     CONTAINER,
     kind=Seconds(),
-    readers=("smoke", "supervise"),
+    readers=("smoke", "container.supervise"),
 )
 SMOKE_LOAD_TIMEOUT = Setting(
     "smoke_load_timeout",
@@ -432,7 +432,7 @@ SMOKE_LOAD_TIMEOUT = Setting(
     "Seconds vLLM may take to answer `/health` (weights loading).",
     CONTAINER,
     kind=Seconds(),
-    readers=("smoke", "alerts"),
+    readers=("smoke", "monitoring.alerts"),
 )
 SMOKE_STAGE2_TIMEOUT = Setting(
     "smoke_stage2_timeout",
@@ -450,7 +450,7 @@ VLLM_MAX_RESTARTS = Setting(
     "vLLM deaths tolerated (each is restarted) before the container exits 3.",
     CONTAINER,
     kind=Whole(0, 1000),
-    readers=("guard", "supervise"),
+    readers=("container.guard", "container.supervise"),
 )
 VLLM_START_SECONDS = Setting(
     "vllm_start_seconds",
@@ -459,17 +459,17 @@ VLLM_START_SECONDS = Setting(
     "vLLM dying sooner counts as a failed start (retried, then fatal: exit 3).",
     CONTAINER,
     kind=Whole(0, 3600),
-    readers=("supervise",),
+    readers=("container.supervise",),
 )
 STATUS_PORT = Setting(
     "status_port",
     "K3_STATUS_PORT",
     8001,
-    "Port of the container's own start-up metrics (k3rocm.status); "
+    "Port of the container's own start-up metrics (k3rocm.container.status); "
     "Prometheus scrapes it on the server's service name.",
     CONTAINER,
     kind=Whole(1, 65535),
-    readers=("status", "alerts", "dashboard"),
+    readers=("container.status", "monitoring.alerts", "monitoring.dashboard"),
 )
 LOAD_ALERT_SECONDS = Setting(
     "load_alert_seconds",
@@ -479,7 +479,7 @@ LOAD_ALERT_SECONDS = Setting(
     "alert KimiK3LoadSlow fires.",
     CONTAINER,
     kind=Whole(1, 7 * 24 * 3600),
-    readers=("status", "alerts"),
+    readers=("container.status", "monitoring.alerts"),
 )
 
 STALL_SECONDS = Setting(
@@ -494,7 +494,7 @@ STALL_SECONDS = Setting(
     '5 (README, "When the engine stalls").',
     CONTAINER,
     kind=Whole(5, 24 * 3600),
-    readers=("watchdog", "status", "alerts"),
+    readers=("container.watchdog", "container.status", "monitoring.alerts"),
 )
 FORENSICS_DIR = Setting(
     "forensics_dir",
@@ -504,7 +504,7 @@ FORENSICS_DIR = Setting(
     "the container).",
     CONTAINER,
     kind=FilePath(),
-    readers=("forensics", "writable"),
+    readers=("container.forensics", "container.writable"),
 )
 # The ROCm Kimi KDA layer's chunk metadata: built on the GPU by the series
 # (the stall-free prefill path), or vLLM 0.27.1's own build (its `.tolist()`
@@ -519,17 +519,17 @@ KDA_METADATA = Setting(
     'one image against itself (README, "Check it on your hardware").',
     CONTAINER,
     kind=OneOf(KDA_METADATA_PATHS),
-    readers=("smoke", "supervise", "build_info", "launcher", "accept"),
+    readers=("smoke", "container.supervise", "plugin.build_info", "launcher", "accept"),
 )
 
 RUN_DIR = Setting(
     "run_dir",
     "K3_RUN_DIR",
     Path("/run/k3rocm"),
-    'The container\'s runtime directory (README, "The run directory").',
+    'The container\'s runtime directory (docs/container.md, "The run directory").',
     IMAGE,
     kind=FilePath(),
-    readers=("contract", "supervise", "writable"),
+    readers=("contract", "container.supervise", "container.writable"),
 )
 SMOKE_REPORT = Setting(
     "smoke_report",
@@ -537,7 +537,7 @@ SMOKE_REPORT = Setting(
     None,
     "The smoke test's JSON report.",
     IMAGE,
-    shown='in K3_RUN_DIR (README, "The run directory")',
+    shown='in K3_RUN_DIR (docs/container.md, "The run directory")',
     kind=FilePath(),
     readers=("contract",),
 )
@@ -548,7 +548,7 @@ SUPERVISORD_CONF = Setting(
     "supervisord's configuration (docker/supervisord.conf in the image).",
     IMAGE,
     kind=FilePath(),
-    readers=("supervise",),
+    readers=("container.supervise",),
 )
 IMAGE_TAG = Setting(
     "image_tag",

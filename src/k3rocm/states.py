@@ -26,7 +26,7 @@ class FailurePolicy(StrEnum):
 
 
 class PatchState(StrEnum):
-    """What ``k3rocm.patchset`` finds in a vLLM tree."""
+    """What ``k3rocm.patchtool.patchset`` finds in a vLLM tree."""
 
     PRISTINE = "pristine"  # the vLLM release the series is made for, untouched
     APPLIED = "applied"  # carries this series (its marker vouches for it)

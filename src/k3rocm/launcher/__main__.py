@@ -20,7 +20,8 @@ def check(
     argv: Sequence[str], environ: Mapping[str, str]
 ) -> tuple[LaunchSettings, str | None, list[str]]:
     """The settings, the API key and every problem with them: what the launch
-    would refuse. ``k3rocm.supervise run`` asks this before anything starts."""
+    would refuse. ``k3rocm.container.supervise run`` asks this before anything
+    starts."""
     raw, passthrough = raw_settings(argv, environ)
     resolution = resolve_all(raw, passthrough)
     settings = resolution.settings

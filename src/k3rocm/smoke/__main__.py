@@ -8,15 +8,15 @@ import os
 import sys
 
 import k3rocm.smoke
-from k3rocm.node import headless_node
+from k3rocm.container.node import headless_node
 from k3rocm.series import Series, default_series_dir
 from k3rocm.smoke.headless import run_headless_stage2
 from k3rocm.smoke.policy import finish
-from k3rocm.smoke.report import Report, Stage
 from k3rocm.smoke.settings import Settings
 from k3rocm.smoke.stage1 import run_stage1
 from k3rocm.smoke.stage2 import run_stage2
 from k3rocm.smoke.timeouts import exit_code, run_with_timeout
+from k3rocm.smoke_report import Report, Stage
 from k3rocm.states import FailurePolicy, Verdict
 
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code(finish(report, settings, serving=False), stage1_in_time)
     if stage1.status == Verdict.FAIL and settings.policy == FailurePolicy.STOP:
         return exit_code(finish(report, settings, serving=True), stage1_in_time)
-    # vLLM may start now (see `python -m k3rocm.supervise serve`).
+    # vLLM may start now (see `python -m k3rocm.container.supervise serve`).
     settings.stage1_gate.write_text(stage1.status + "\n")
 
     report.stages["stage2"] = stage2 = Stage()

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from k3rocm.chunk_reference import CHUNK_SIZE, cu_seqlens_of, reference_chunk_metadata
-from k3rocm.smoke.report import Stage
+from k3rocm.smoke_report import Stage
 from k3rocm.states import Verdict
 
 # Sequence lengths of the kernel battery: what the upstream reviewers asked

@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from k3rocm.forensics import forensics_dir
-from k3rocm.smoke.report import Report, now
+from k3rocm.container.forensics import forensics_dir
 from k3rocm.smoke.settings import Settings
+from k3rocm.smoke_report import Report, now
 from k3rocm.states import FailurePolicy, Verdict
 
 

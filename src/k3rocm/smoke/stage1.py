@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from k3rocm import patchset
+from k3rocm.patchtool import patchset
 from k3rocm.series import Series
 from k3rocm.setting_table import KDA_METADATA, KDA_METADATA_PATHS
 from k3rocm.smoke.kernel_checks import (
@@ -14,7 +14,7 @@ from k3rocm.smoke.kernel_checks import (
     check_no_sync,
     kernel_device,
 )
-from k3rocm.smoke.report import Stage
+from k3rocm.smoke_report import Stage
 from k3rocm.states import PatchState, Verdict
 
 BACKEND_NAME = "KIMI_K3_KDA_ROCM"

@@ -12,8 +12,8 @@ import urllib.error
 
 from k3rocm.chunk_reference import CHUNK_SIZE
 from k3rocm.smoke.http import Http, wait_for_health
-from k3rocm.smoke.report import Stage
 from k3rocm.smoke.settings import Settings
+from k3rocm.smoke_report import Stage
 from k3rocm.states import PREFILL_KINDS, Verdict
 
 # The completion's prompt spans at least this many 64-token chunks.

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from k3rocm.smoke.report import Stage
+from k3rocm.smoke_report import Stage
 from k3rocm.states import Verdict
 
 

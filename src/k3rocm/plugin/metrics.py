@@ -23,13 +23,13 @@ engine)
 ``k3rocm_engine_requests`` (gauge; labels model_name, engine, state)
     Requests the engine's scheduler held at its last step: ``running`` or
     ``waiting``. With the timestamp, this is what the stall watchdog
-    (k3rocm.watchdog) judges progress by.
+    (k3rocm.container.watchdog) judges progress by.
 ``k3rocm_build_info``
-    Always 1, labelled with what the server runs (k3rocm.build_info).
+    Always 1, labelled with what the server runs (k3rocm.plugin.build_info).
 ``k3rocm_smoke_verdict``
     The start-up smoke test's verdict on the stall-free prefill path, read
     from its JSON report: 1 pass, 0 fail, -1 no verdict yet
-    (k3rocm.smoke_verdict).
+    (k3rocm.plugin.smoke_verdict).
 
 The ``k3rocm_`` prefix names this distribution as the exporter: the metrics
 are ours, not vLLM's (vLLM's own use ``vllm:``; colons are reserved for
@@ -61,10 +61,17 @@ from vllm.v1.metrics.stats import (
     SchedulerStats,
 )
 
-from k3rocm.build_info import install_build_info
 from k3rocm.contract import smoke_report_path
-from k3rocm.engine_progress import ENGINE_REQUESTS_METRIC, LAST_STEP_METRIC
-from k3rocm.smoke_verdict import install_smoke_verdict
+from k3rocm.engine_progress import (
+    CONTEXT_TOKENS_METRIC,
+    ENGINE_REQUESTS_METRIC,
+    GENERATION_TOKENS_METRIC,
+    LAST_STEP_METRIC,
+    STEP_DURATION_METRIC,
+    STEPS_METRIC,
+)
+from k3rocm.plugin.build_info import install_build_info
+from k3rocm.plugin.smoke_verdict import install_smoke_verdict
 from k3rocm.states import StepKind
 
 # From a 1 ms decode step on a small batch to prefill steps of many seconds
@@ -91,26 +98,26 @@ class StepMetrics:
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.step_duration = Histogram(
-            "k3rocm_engine_step_duration_seconds",
+            STEP_DURATION_METRIC,
             "Wall time of one vLLM engine step, by step kind.",
             STEP_LABELS,
             buckets=STEP_DURATION_BUCKETS,
             registry=registry,
         )
         self.context_tokens = Counter(
-            "k3rocm_engine_step_context_tokens_total",
+            CONTEXT_TOKENS_METRIC,
             "Prompt (context) tokens scheduled in engine steps, by step kind.",
             STEP_LABELS,
             registry=registry,
         )
         self.generation_tokens = Counter(
-            "k3rocm_engine_step_generation_tokens_total",
+            GENERATION_TOKENS_METRIC,
             "Generation tokens scheduled in engine steps, by step kind.",
             STEP_LABELS,
             registry=registry,
         )
         self.steps = Counter(
-            "k3rocm_engine_steps_total",
+            STEPS_METRIC,
             "Engine steps, by step kind (dummy: data-parallel padding steps).",
             STEP_LABELS,
             registry=registry,

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from k3rocm.contract import IMAGE_TAG_ENV
 from k3rocm.json_file import UnreadableJson, read_json_file
-from k3rocm.patchset import Refusal, find_installed_target, inspect
+from k3rocm.patchtool.patchset import Refusal, find_installed_target, inspect
 from k3rocm.rocm import DEFAULT_ROCM_ROOT, RocmVersionError, read_rocm_version
 from k3rocm.series import MARKER_NAME, Series, SeriesError, default_series_dir
 from k3rocm.setting_table import KDA_METADATA, KDA_METADATA_PATHS

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from k3rocm.patch_lock import Refusal, TreeLock
+from k3rocm.patchtool.lock import Refusal, TreeLock
 
 JOURNAL_DIR = ".k3rocm-patch-journal"
 JOURNAL_FILE = "journal.json"
@@ -232,7 +232,7 @@ def _roll_back_or_refuse(
         raise Refusal(
             f"cannot finish ({cause}) nor undo ({err}) an apply to {target}; "
             f"the tree may be half-patched and {journal} keeps what is needed "
-            "to repair it. Run `python -m k3rocm.patchset apply` again as a "
+            "to repair it. Run `python -m k3rocm.patchtool.patchset apply` again as a "
             "user that may write the vLLM install."
         ) from None
 

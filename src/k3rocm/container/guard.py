@@ -1,39 +1,39 @@
 """The container's guard: supervisord's event listener
-(``python -m k3rocm.supervise listen``), which decides from each process
+(``python -m k3rocm.container.supervise listen``), which decides from each process
 event whether the container must stop, and with which exit code.
 
-Exit codes (``k3rocm.supervise run`` exits with them): 2 the smoke test
+Exit codes (``k3rocm.container.supervise run`` exits with them): 2 the smoke test
 could not run (its settings or environment; a start after the fix loads
 again); 3 vLLM could not be
 kept running (fatal at start; more than ``K3_VLLM_MAX_RESTARTS`` deaths;
 any death on a node of a multi-node job, which cannot rejoin alone; or, on
 a headless node, node 0 gone for ``LOST_NODE0_SECONDS``, which vLLM there
 would wait for forever); 4 the smoke test failed under
-``K3_SMOKE_ON_FAILURE=stop``; 5 the engine stalled (k3rocm.watchdog, which
+``K3_SMOKE_ON_FAILURE=stop``; 5 the engine stalled (k3rocm.container.watchdog, which
 stops the container through ``stop_container`` too).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import time
 from pathlib import Path
 
+from k3rocm.container.forensics import capture, forensics_dir
+from k3rocm.container.node import Node, connected_to, node_from_env
 from k3rocm.contract import (
     DEATHS_FILE,
     DRAIN_MARK,
     READY_MARK,
     REASON_FILE,
     VLLM_GROUP_FILE,
+    StopReason,
     run_dir,
     smoke_report_path,
 )
-from k3rocm.forensics import capture, forensics_dir
 from k3rocm.json_file import UnreadableJson, read_json_file
-from k3rocm.node import Node, connected_to, node_from_env
 from k3rocm.setting_table import VLLM_MAX_RESTARTS
 
 EXIT_USAGE, EXIT_VLLM, EXIT_SMOKE, EXIT_STALL = 2, 3, 4, 5
@@ -177,7 +177,7 @@ def record_stop_reason(directory: Path, code: int, reason: str) -> bool:
     A hard link creates the file whole and only where none exists."""
     reason_file = directory / REASON_FILE
     tmp = reason_file.with_name(f".{REASON_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"exit_code": code, "reason": reason}) + "\n")
+    tmp.write_text(StopReason(code, reason).text())
     try:
         os.link(tmp, reason_file)
     except FileExistsError:

@@ -1,9 +1,11 @@
 """The container image: its tag scheme and the build steps docker/Dockerfile runs.
 
-    python -m k3rocm.image tag [--rocm-version V]
-    python -m k3rocm.image verify-base --rocm-version V [--target DIR] [--rocm-root DIR]
-    python -m k3rocm.image patch [--target DIR] [--series-id ID]
-    python -m k3rocm.image versions --out FILE [--target DIR] [--rocm-root DIR]
+    python -m k3rocm.supply_chain.image tag [--rocm-version V]
+    python -m k3rocm.supply_chain.image verify-base --rocm-version V
+        [--target DIR] [--rocm-root DIR]
+    python -m k3rocm.supply_chain.image patch [--target DIR] [--series-id ID]
+    python -m k3rocm.supply_chain.image versions --out FILE [--target DIR]
+        [--rocm-root DIR]
 
 Every step exits non-zero with a message saying what is wrong, so a base image
 that drifted fails the build instead of producing an image that lies about
@@ -20,7 +22,7 @@ import platform
 import sys
 from pathlib import Path
 
-from k3rocm import patchset
+from k3rocm.patchtool import patchset
 from k3rocm.rocm import DEFAULT_ROCM_ROOT, RocmVersionError, read_rocm_version
 from k3rocm.series import Series, default_series_dir, shipped_series
 from k3rocm.states import PatchState
@@ -126,7 +128,7 @@ def versions(target: Path, series: Series, rocm_root: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m k3rocm.image", description=__doc__.split("\n\n")[0]
+        prog="python -m k3rocm.supply_chain.image", description=__doc__.split("\n\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("tag").add_argument("--rocm-version", default=ROCM_VERSION)
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(json.dumps(recorded, indent=2) + "\n")
             message = f"wrote {args.out}: {json.dumps(recorded)}"
     except (BuildStepError, RocmVersionError, patchset.Refusal) as err:
-        print(f"k3rocm.image {args.command}: {err}", file=sys.stderr)
+        print(f"k3rocm.supply_chain.image {args.command}: {err}", file=sys.stderr)
         return 1
     print(message)
     return 0

@@ -1,6 +1,7 @@
 """The Grafana dashboard for kimi-k3-rocm servers, generated from code.
 
-    python -m k3rocm.dashboard --output monitoring/grafana/dashboards/kimi-k3-rocm.json
+    python -m k3rocm.monitoring.dashboard \
+        --output monitoring/grafana/dashboards/kimi-k3-rocm.json
 
 The committed JSON is what Grafana provisions; a test fails when it differs
 from what this module generates, so edit here and regenerate.
@@ -13,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from k3rocm import monitoring as m
+from k3rocm.monitoring import names as m
 from k3rocm.setting_table import STATUS_PORT
 
 UID = "kimi-k3-rocm"

@@ -9,7 +9,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
-from k3rocm.patch_lock import Refusal
+from k3rocm.patchtool.lock import Refusal
 from k3rocm.series import MARKER_NAME, Series
 
 

@@ -1,6 +1,6 @@
 """The image's software bill of materials, as CycloneDX 1.6 JSON.
 
-    python -m k3rocm.sbom --out /etc/k3rocm/sbom.cdx.json    (a build step)
+    python -m k3rocm.supply_chain.sbom --out /etc/k3rocm/sbom.cdx.json    (a build step)
 
 Components: every Python distribution of the interpreter that runs this
 (the image's vLLM environment) and every installed OS package (dpkg). The
@@ -211,7 +211,7 @@ def summary(document: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m k3rocm.sbom", description=__doc__.split("\n\n")[0]
+        prog="python -m k3rocm.supply_chain.sbom", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--out", type=Path, default=SBOM_FILE)
     parser.add_argument(

@@ -1,7 +1,7 @@
 """What an image holds, read without running it: its labels, its
-/etc/k3rocm/versions.json and its SBOM (k3rocm.sbom), taken out of a created,
-never started container. ``scripts/build-image --inspect REF`` prints it for
-a local image or a pushed one (pulled first, by tag or by digest).
+/etc/k3rocm/versions.json and its SBOM (k3rocm.supply_chain.sbom), taken
+out of a created, never started container. ``scripts/build-image --inspect
+REF`` prints it for a local image or a pushed one (pulled first, by tag or by digest).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import subprocess
 import tarfile
 
-from k3rocm.sbom import summary
+from k3rocm.supply_chain.sbom import summary
 
 
 class InspectError(Exception):

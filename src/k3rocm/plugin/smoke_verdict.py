@@ -16,12 +16,10 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
 from k3rocm.json_file import UnreadableJson, read_json_file
-from k3rocm.states import Verdict
+from k3rocm.smoke_report import VERDICT_PENDING, reported_verdict
 
 log = logging.getLogger(__name__)
 
-VERDICT_PASS, VERDICT_FAIL, VERDICT_PENDING = 1, 0, -1
-_VERDICTS = {Verdict.PASS: VERDICT_PASS, Verdict.FAIL: VERDICT_FAIL}
 # How stale the verdict may be in multiprocess mode (well under any scrape
 # interval worth using).
 VERDICT_REFRESH_SECONDS = 5.0
@@ -33,19 +31,9 @@ DOCUMENTATION = (
 )
 
 
-def verdict_of(report: object) -> int:
-    """The verdict a parsed report states; anything else is no verdict."""
-    if not isinstance(report, dict):
-        return VERDICT_PENDING
-    verdict = report.get("verdict")
-    if not isinstance(verdict, str):
-        return VERDICT_PENDING
-    return _VERDICTS.get(verdict, VERDICT_PENDING)
-
-
 def read_smoke_verdict(report: Path) -> int:
     try:
-        return verdict_of(read_json_file(report))
+        return reported_verdict(read_json_file(report))
     except FileNotFoundError:
         return VERDICT_PENDING
     except UnreadableJson as err:

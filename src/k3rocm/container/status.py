@@ -2,7 +2,7 @@
 
 vLLM serves no HTTP until the weights are loaded (hours for Kimi-K3), so
 Prometheus would see nothing of a start-up. supervisord's ``status`` program
-(``python -m k3rocm.status``) serves, on ``K3_STATUS_PORT``:
+(``python -m k3rocm.container.status``) serves, on ``K3_STATUS_PORT``:
 
 ``k3rocm_container_phase{phase}``
     1 for the current phase, 0 for the others: ``stage1`` (smoke stage 1,
@@ -56,11 +56,22 @@ from k3rocm.setting_table import (
     STATUS_PORT,
     read_all,
 )
+from k3rocm.smoke_report import (
+    VERDICT_FAIL,
+    VERDICT_PASS,
+    VERDICT_PENDING,
+    reported_verdict,
+)
 from k3rocm.states import Verdict
 
 PHASES = ("stage1", "loading", "stage2", "serving", "draining", "stopping")
 # The settings this server reads.
 STATUS_SETTINGS = (STATUS_PORT, LOAD_ALERT_SECONDS, STALL_SECONDS)
+# The metrics this server exports.
+PHASE_METRIC = "k3rocm_container_phase"
+PHASE_SECONDS_METRIC = "k3rocm_container_phase_seconds"
+STAGE1_VERDICT_METRIC = "k3rocm_smoke_stage1_verdict"
+LOAD_ALERT_BOUND = "k3rocm_container_load_alert_seconds"
 STALL_BOUND = "k3rocm_container_stall_seconds"
 
 
@@ -92,19 +103,12 @@ def stage1_verdict(directory: Path, report: Path) -> int:
     except OSError:
         gate = b""
     if gate:
-        return 1 if gate == Verdict.PASS.encode() else 0
+        # A gate is written whole, pass or fail; anything else is no pass.
+        return VERDICT_PASS if gate == Verdict.PASS.encode() else VERDICT_FAIL
     try:
-        document = read_json_file(report)
+        return reported_verdict(read_json_file(report), "stage1")
     except (FileNotFoundError, UnreadableJson):
-        return -1
-    stages = document.get("stages") if isinstance(document, dict) else None
-    stage = stages.get("stage1") if isinstance(stages, dict) else None
-    status = stage.get("status") if isinstance(stage, dict) else None
-    return (
-        {Verdict.PASS: 1, Verdict.FAIL: 0}.get(status, -1)
-        if isinstance(status, str)
-        else -1
-    )
+        return VERDICT_PENDING
 
 
 class StartupCollector:
@@ -129,7 +133,7 @@ class StartupCollector:
                 self.phase, self.since = phase, time.monotonic()
             seconds = time.monotonic() - self.since
         states = GaugeMetricFamily(
-            "k3rocm_container_phase",
+            PHASE_METRIC,
             "Start-up phase of the container: 1 for the current one.",
             labels=["phase"],
         )
@@ -137,19 +141,19 @@ class StartupCollector:
             states.add_metric([name], 1.0 if name == phase else 0.0)
         yield states
         in_phase = GaugeMetricFamily(
-            "k3rocm_container_phase_seconds",
+            PHASE_SECONDS_METRIC,
             "Seconds the container has been in its current phase.",
             labels=["phase"],
         )
         in_phase.add_metric([phase], seconds)
         yield in_phase
         yield GaugeMetricFamily(
-            "k3rocm_smoke_stage1_verdict",
+            STAGE1_VERDICT_METRIC,
             "Smoke test stage 1: 1 pass, 0 fail, -1 not finished.",
             value=stage1_verdict(self.directory, self.report),
         )
         yield GaugeMetricFamily(
-            "k3rocm_container_load_alert_seconds",
+            LOAD_ALERT_BOUND,
             "K3_LOAD_ALERT_SECONDS: loading longer than this raises KimiK3LoadSlow.",
             value=self.load_alert_seconds,
         )

@@ -14,7 +14,7 @@ bounding set holds it: compose.yaml adds SYS_PTRACE for that reason. Where
 py-spy cannot read a process, its block says why in one line and the capture
 goes on.
 
-    python -m k3rocm.forensics grant-ptrace    (a build step, as root)
+    python -m k3rocm.container.forensics grant-ptrace    (a build step, as root)
 """
 
 from __future__ import annotations
@@ -198,7 +198,9 @@ def grant_ptrace(binary: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args != ["grant-ptrace"]:
-        print("usage: python -m k3rocm.forensics grant-ptrace", file=sys.stderr)
+        print(
+            "usage: python -m k3rocm.container.forensics grant-ptrace", file=sys.stderr
+        )
         return 2
     binary = py_spy()
     if binary is None:

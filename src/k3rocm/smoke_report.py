@@ -1,5 +1,9 @@
-"""The smoke test's report: checks, stages, the verdict, as JSON on disk and
-one summary line."""
+"""The smoke test's report, the one schema of that hand-over file: checks,
+stages and the verdict, written as JSON by the smoke test and read back by
+the metrics plugin's verdict gauge and the container's start-up metrics
+(through ``verdict_number``, the one verdict-to-number mapping). A reader
+gets a number for any content: a report of any size or type is at worst
+"no verdict"."""
 
 from __future__ import annotations
 
@@ -10,6 +14,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from k3rocm.states import FailurePolicy, Verdict
+
+# A verdict as a gauge shows it.
+VERDICT_PASS, VERDICT_FAIL, VERDICT_PENDING = 1, 0, -1
+_NUMBERS = {Verdict.PASS: VERDICT_PASS, Verdict.FAIL: VERDICT_FAIL}
 
 
 @dataclass
@@ -71,3 +79,19 @@ class Report:
 
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def verdict_number(status: object) -> int:
+    """1 pass, 0 fail, -1 anything else (running, absent, malformed)."""
+    return _NUMBERS.get(status, VERDICT_PENDING) if isinstance(status, str) else -1
+
+
+def reported_verdict(document: object, stage: str | None = None) -> int:
+    """The verdict number of a parsed report, or of one of its stages."""
+    if not isinstance(document, dict):
+        return VERDICT_PENDING
+    if stage is None:
+        return verdict_number(document.get("verdict"))
+    stages = document.get("stages")
+    found = stages.get(stage) if isinstance(stages, dict) else None
+    return verdict_number(found.get("status") if isinstance(found, dict) else None)

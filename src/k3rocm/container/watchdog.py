@@ -1,5 +1,5 @@
 """The stall watchdog: supervisord's ``watchdog`` program
-(``python -m k3rocm.watchdog``), outside every vLLM process.
+(``python -m k3rocm.container.watchdog``), outside every vLLM process.
 
 vLLM 0.27.1's ``/health`` only reports an engine that has errored; an engine
 loop that hangs (a collective that never returns, a copy that never ends, a
@@ -20,8 +20,8 @@ with a step. The watchdog judges only while the server is serving (ready
 mark, no drain, no stop under way), and starts afresh with each new vLLM.
 
 On a stall: the ``stalled`` mark (the health check reports it at once), the
-stacks of every vLLM process (k3rocm.forensics), then vLLM's process group is
-killed and the container exits 5 (k3rocm.guard).
+stacks of every vLLM process (k3rocm.container.forensics), then vLLM's process group is
+killed and the container exits 5 (k3rocm.container.guard).
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from k3rocm.container.drain import IN_FLIGHT_METRIC
+from k3rocm.container.forensics import capture, forensics_dir
+from k3rocm.container.guard import EXIT_STALL, log, record_stop_reason, stop_supervisord
+from k3rocm.container.node import headless_node
 from k3rocm.contract import (
     DRAIN_MARK,
     READY_MARK,
@@ -49,16 +53,12 @@ from k3rocm.contract import (
     api_base_url,
     run_dir,
 )
-from k3rocm.drain import IN_FLIGHT_METRIC
 from k3rocm.engine_progress import (
     ENGINE_REQUESTS_METRIC,
     LAST_STEP_METRIC,
     utc,
     write_stall_mark,
 )
-from k3rocm.forensics import capture, forensics_dir
-from k3rocm.guard import EXIT_STALL, log, record_stop_reason, stop_supervisord
-from k3rocm.node import headless_node
 from k3rocm.setting_table import API_KEY_FILE, SERVED_MODEL_NAME, STALL_SECONDS
 
 METRICS_TIMEOUT_SECONDS = 5

@@ -1,35 +1,38 @@
-"""What the dashboard (k3rocm.dashboard) and the alert rules (k3rocm.alerts)
-share: Prometheus job names, metric names, selectors and alert thresholds.
-Both generated files are checked against this by tests/test_monitoring.py.
+"""What the dashboard (k3rocm.monitoring.dashboard) and the alert rules
+(k3rocm.monitoring.alerts) share: Prometheus job names, metric names,
+selectors and alert thresholds. Both generated files are checked against
+this by tests/test_monitoring.py.
 """
 
 from __future__ import annotations
 
-from k3rocm import engine_progress, smoke_verdict, status
-from k3rocm.smoke_verdict import VERDICT_FAIL, VERDICT_PASS, VERDICT_PENDING
+from k3rocm import engine_progress
+from k3rocm.container import status
+from k3rocm.container.status import PHASES
+from k3rocm.plugin import build_info, smoke_verdict
+from k3rocm.smoke_report import VERDICT_FAIL, VERDICT_PASS, VERDICT_PENDING
 from k3rocm.states import StepKind
-from k3rocm.status import PHASES
 
 # The scrape jobs of monitoring/prometheus.yml: vLLM's /metrics (ours and
-# vLLM's own), and the container's start-up endpoint (k3rocm.status), which
+# vLLM's own), and the container's start-up endpoint (k3rocm.container.status), which
 # carries the instance of its vLLM.
 VLLM_JOB = "kimi-k3-vllm"
 CONTAINER_JOB = "kimi-k3-container"
 JOBS = (VLLM_JOB, CONTAINER_JOB)
 
-# The metrics plugin's step metrics (k3rocm.metrics).
-STEP_DURATION = "k3rocm_engine_step_duration_seconds"
-STEPS_TOTAL = "k3rocm_engine_steps_total"
-CONTEXT_TOKENS = "k3rocm_engine_step_context_tokens_total"
-GENERATION_TOKENS = "k3rocm_engine_step_generation_tokens_total"
-BUILD_INFO = "k3rocm_build_info"
+# The metrics plugin's step metrics (k3rocm.plugin.metrics).
+STEP_DURATION = engine_progress.STEP_DURATION_METRIC
+STEPS_TOTAL = engine_progress.STEPS_METRIC
+CONTEXT_TOKENS = engine_progress.CONTEXT_TOKENS_METRIC
+GENERATION_TOKENS = engine_progress.GENERATION_TOKENS_METRIC
+BUILD_INFO = build_info.NAME
 LAST_STEP = engine_progress.LAST_STEP_METRIC
 ENGINE_REQUESTS = engine_progress.ENGINE_REQUESTS_METRIC
 SMOKE_VERDICT = smoke_verdict.NAME
-# The container's start-up metrics (k3rocm.status).
-CONTAINER_PHASE = "k3rocm_container_phase"
-CONTAINER_PHASE_SECONDS = "k3rocm_container_phase_seconds"
-LOAD_ALERT_BOUND = "k3rocm_container_load_alert_seconds"
+# The container's start-up metrics (k3rocm.container.status).
+CONTAINER_PHASE = status.PHASE_METRIC
+CONTAINER_PHASE_SECONDS = status.PHASE_SECONDS_METRIC
+LOAD_ALERT_BOUND = status.LOAD_ALERT_BOUND
 STALL_BOUND = status.STALL_BOUND
 # vLLM's own.
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"

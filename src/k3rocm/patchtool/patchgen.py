@@ -1,0 +1,121 @@
+"""Generate the series' patches that only add a file from that file's source.
+
+Patch 0002 adds two whole modules to vLLM: the device chunk-metadata
+kernel (``kda_metadata_kernel.py``) and its launcher, builder and backend
+(``kda_metadata.py``); patch 0005 adds the chunk KDA forward's precompiled
+launches (``kda_chunk_launch.py``). Their code lives in this repository as real, linted
+source files under ``src/k3rocm/kernels/``, and the patch is written from
+them, so the two cannot drift apart unnoticed (``--check``; a test runs it)::
+
+    python -m k3rocm.patchgen            # rewrite the generated patches
+    python -m k3rocm.patchgen --check    # exit 1 if one is out of date
+
+A generated patch keeps its own description (the text before its first
+``--- `` line); everything after it is made from the source. After a
+change, the series id changes too: update ``K3_SERIES_ID`` in compose.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@dataclass(frozen=True)
+class GeneratedFile:
+    source: str  # the file's source, relative to the repository
+    target: str  # where the patch creates it, relative to the vLLM tree
+
+    def diff(self, repo: Path) -> bytes:
+        """A diff that creates ``target`` with exactly the bytes of ``source``."""
+        code = (repo / self.source).read_bytes()
+        if not code.endswith(b"\n"):
+            raise ValueError(f"{self.source} must end with a newline")
+        lines = code.split(b"\n")[:-1]
+        header = (
+            b"--- /dev/null\n"
+            + f"+++ b/{self.target}\n".encode()
+            + f"@@ -0,0 +1,{len(lines)} @@\n".encode()
+        )
+        return header + b"".join(b"+" + line + b"\n" for line in lines)
+
+
+@dataclass(frozen=True)
+class GeneratedPatch:
+    patch: str  # file name under patches/
+    files: tuple[GeneratedFile, ...]  # created in this order
+
+    def render(self, repo: Path = REPO) -> bytes:
+        """The patch file's bytes: its description, then one diff per file."""
+        return self.description(repo) + b"".join(f.diff(repo) for f in self.files)
+
+    def description(self, repo: Path = REPO) -> bytes:
+        current = (repo / "patches" / self.patch).read_bytes()
+        cut = current.find(b"\n--- ")
+        if current.startswith(b"--- ") or cut < 0:
+            raise ValueError(f"patches/{self.patch} has no description")
+        return current[: cut + 1]
+
+
+GENERATED = (
+    GeneratedPatch(
+        patch="0002-kimi-k3-rocm-kda-backend.patch",
+        files=tuple(
+            GeneratedFile(
+                source=f"src/k3rocm/kernels/{name}",
+                target=f"vllm/models/kimi_k3/amd/{name}",
+            )
+            for name in ("kda_metadata_kernel.py", "kda_metadata.py")
+        ),
+    ),
+    GeneratedPatch(
+        patch="0005-amd-kda-chunk-launch-module.patch",
+        files=(
+            GeneratedFile(
+                source="src/k3rocm/kernels/kda_chunk_launch.py",
+                target="vllm/models/kimi_k3/amd/ops/third_party/kda/kda_chunk_launch.py",
+            ),
+        ),
+    ),
+)
+
+
+def stale(repo: Path = REPO) -> list[str]:
+    """Generated patches whose committed bytes differ from their source's."""
+    return [
+        p.patch
+        for p in GENERATED
+        if (repo / "patches" / p.patch).read_bytes() != p.render(repo)
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m k3rocm.patchgen")
+    parser.add_argument(
+        "--check", action="store_true", help="report stale patches, write nothing"
+    )
+    parser.add_argument("--repo", type=Path, default=REPO, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    out_of_date = stale(args.repo)
+    if args.check:
+        for name in out_of_date:
+            print(
+                f"patches/{name} is out of date with its source; "
+                "run: python -m k3rocm.patchgen",
+                file=sys.stderr,
+            )
+        return 1 if out_of_date else 0
+    for p in GENERATED:
+        if p.patch in out_of_date:
+            (args.repo / "patches" / p.patch).write_bytes(p.render(args.repo))
+            sources = ", ".join(f.source for f in p.files)
+            print(f"wrote patches/{p.patch} from {sources}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
