@@ -46,6 +46,9 @@ SERIES_MODULES = [
 # The last commit before the kernel became a source file (gpu_ablation.py
 # times its kernel as "previous").
 PREVIOUS = "35938ce"
+# The launched chunk KDA path as the second issue-22 run measured it
+# (tensors handed to the launches): gpu_kda_launch.py times it beside today's.
+SECOND_RUN = "b9d40d1"
 
 
 def copy(src_root: Path, dest_root: Path, files: list[str]) -> None:
@@ -57,19 +60,21 @@ def copy(src_root: Path, dest_root: Path, files: list[str]) -> None:
     (dest_root / "vllm" / "__init__.py").write_text("")
 
 
+def git_show(commit: str, path: str) -> str | None:
+    shown = subprocess.run(
+        ["git", "show", f"{commit}:{path}"], cwd=REPO, capture_output=True, text=True
+    )
+    return None if shown.returncode else shown.stdout
+
+
 def save_previous_kernel() -> None:
     """The kernel of the last series revision before it became a source file
     (for gpu_ablation.py), cut out of that revision's patch 0002 if this
     checkout's git history has it."""
-    shown = subprocess.run(
-        ["git", "show", f"{PREVIOUS}:patches/0002-kimi-k3-rocm-kda-backend.patch"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
-    if shown.returncode:
+    shown = git_show(PREVIOUS, "patches/0002-kimi-k3-rocm-kda-backend.patch")
+    if shown is None:
         return
-    body = shown.stdout.split("\n@@ -0,0 ", 1)[1].split("\n", 1)[1]
+    body = shown.split("\n@@ -0,0 ", 1)[1].split("\n", 1)[1]
     code = "".join(line[1:] + "\n" for line in body.splitlines())
     (BUNDLE / "previous_kda_metadata.py").write_text(code)
 
@@ -80,6 +85,9 @@ def main() -> None:
     copy(installed_root(), BUNDLE / "pristine", KERNEL_FILES)
     copy(UPSTREAM_TREE, BUNDLE / "upstream", [SERIES_MODULE])
     save_previous_kernel()
+    code = git_show(SECOND_RUN, "src/k3rocm/kernels/kda_chunk_launch.py")
+    if code is not None:
+        (BUNDLE / f"kda_chunk_launch_{SECOND_RUN}.py").write_text(code)
     print(f"bundle in {BUNDLE}")
 
 

@@ -17,15 +17,20 @@
    batches);
 5. host time per call in interleaved rounds: 0.27.1 (no metadata), k3.3
    (the vendored path with the series' metadata) and k3.4 (launched);
-6. the step model of gpu_bench.py with k3.3 against k3.4, alternating step
+6. GPU and host time per call of k3.3, k3.4 and k3.4 as the second run
+   had it (its kda_chunk_launch.py, from gpu_bundle.py), in rotating blocks;
+7. the step model of gpu_bench.py with k3.3 against k3.4, alternating step
    by step, with the paired statistic and the share of k3.4 steps in which
    the GPU waited for the host.
 
     python3 benchmarks/gpu_kda_launch.py        # needs .gpu/ (gpu_bundle.py)
+    K3_KDA_ONLY=variants python3 benchmarks/gpu_kda_launch.py   # 2, 3 on 200
+               # batches, 6, and the step model of both k3.4 sides against k3.3
 """
 
 import ast
 import gc
+import importlib.util
 import json
 import math
 import os
@@ -214,6 +219,23 @@ def timed_kernels():
     return samples, lambda: [k.__dict__.pop("run") for k in undo]
 
 
+def timed_calls(call, reps: int) -> list[float]:
+    """Host seconds of each of ``reps`` calls of ``call()``, the queue empty
+    before each; GC off."""
+    seconds = []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            call()
+            seconds.append(time.perf_counter() - start)
+    finally:
+        gc.enable()
+    return seconds
+
+
 def breakdown(lens, reps=200) -> dict:
     """Host time of one call and of each launch in it (medians, us; the
     queue empty before each call; GC off)."""
@@ -225,17 +247,9 @@ def breakdown(lens, reps=200) -> dict:
     repin_to_quiet_cpu()
     out = {}
     samples, undo = timed_kernels()
-    whole = []
-    gc.collect()
-    gc.disable()
     try:
-        for _ in range(reps):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            vendored(args)
-            whole.append(time.perf_counter() - start)
+        whole = timed_calls(lambda: vendored(args), reps)
     finally:
-        gc.enable()
         undo()
     launches = {name: statistics.median(s) * 1e6 for name, s in samples.items()}
     launches["l2norm (q and k)"] *= 2  # two launches a call
@@ -263,22 +277,12 @@ def breakdown(lens, reps=200) -> dict:
         return timed, function, packed_metadata
 
     plan.launches.update({s: wrap(s, f) for s, f in original.items()})
-    whole, prepared_us = [], []
-    gc.collect()
-    gc.disable()
     try:
-        for _ in range(reps):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            prepared = kda_chunk_launch.prepare(*args)
-            kda_chunk_launch._call_key(*prepared)
-            prepared_us.append(time.perf_counter() - start)
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            launched(args)
-            whole.append(time.perf_counter() - start)
+        prepared_us = timed_calls(
+            lambda: kda_chunk_launch._call_key(*kda_chunk_launch.prepare(*args)), reps
+        )
+        whole = timed_calls(lambda: launched(args), reps)
     finally:
-        gc.enable()
         plan.launches.update(original)
     launches = {s: statistics.median(v) * 1e6 for s, v in direct.items()}
     total = statistics.median(whole) * 1e6
@@ -476,44 +480,47 @@ def host_rounds(lens, calls=40) -> dict:
     return gb.summarize(values, "k3.4", ["0.27.1", "k3.3"])
 
 
-def model_step(launch_path, dev, host, inputs, wait_cycles):
+def model_step(call, dev, host, inputs, wait_cycles):
     indices, offsets = metadata(dev, host)
     args = call_args(inputs, dev, indices, offsets)
-    call = launched if launch_path else vendored
     for layer in range(gb.LAYERS):
         if layer % 4 != 3:
             call(args)
         torch.cuda._sleep(wait_cycles)
 
 
-def model_rounds(lens, inputs, wait_cycles, gpu_work_ms, steps=gb.MODEL_STEPS):
-    """gpu_bench.model_rounds_alternating with k3.3 (False) against k3.4."""
-    values = {"k3.3": [], "k3.4": []}
-    paired, waited = [], {"k3.3": [], "k3.4": []}
+def model_rounds(lens, inputs, wait_cycles, gpu_work_ms, sides, steps=gb.MODEL_STEPS):
+    """gpu_bench.model_rounds_alternating with two sides ``{name: call}``,
+    the first the baseline: the paired statistic is baseline minus the
+    second side."""
+    (base, base_call), (ours, our_call) = sides.items()
+    values = {base: [], ours: []}
+    paired, waited = [], {base: [], ours: []}
     for r in range(ROUNDS + 1):
         repin_to_quiet_cpu()
         first = bool(r % 2)
-        sides = [first, not first] * steps
-        batches = [cu_seqlens(lens) for _ in sides]
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(len(sides) + 1)]
+        order = [first, not first] * steps
+        batches = [cu_seqlens(lens) for _ in order]
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(len(order) + 1)]
         torch.cuda.synchronize()
         gc.collect()
         gc.disable()
         try:
-            for event, side, (dev, host) in zip(events, sides, batches, strict=False):
+            for event, side, (dev, host) in zip(events, order, batches, strict=False):
                 event.record()
-                model_step(side, dev, host, inputs, wait_cycles)
+                model_step(our_call if side else base_call, dev, host, inputs,
+                           wait_cycles)  # fmt: skip
             events[-1].record()
             torch.cuda.synchronize()
         finally:
             gc.enable()
         if not r:
             continue
-        intervals = [events[i].elapsed_time(events[i + 1]) for i in range(len(sides))]
+        intervals = [events[i].elapsed_time(events[i + 1]) for i in range(len(order))]
         by_side = {True: [], False: []}
-        for interval, side in zip(intervals, sides, strict=True):
+        for interval, side in zip(intervals, order, strict=True):
             by_side[side].append(interval)
-        for name, side in (("k3.3", False), ("k3.4", True)):
+        for name, side in ((base, False), (ours, True)):
             values[name].append(statistics.median(by_side[side]))
             waited[name].append(
                 sum(t > 1.05 * gpu_work_ms for t in by_side[side]) / steps
@@ -523,19 +530,19 @@ def model_rounds(lens, inputs, wait_cycles, gpu_work_ms, steps=gb.MODEL_STEPS):
                 a - b for a, b in zip(by_side[False], by_side[True], strict=True)
             )
         )
-    row = gb.summarize(values, "k3.4", ["k3.3"])
-    row["paired (k3.3 - k3.4, ms)"] = {
+    row = gb.summarize(values, ours, [base])
+    row[f"paired ({base} - {ours}, ms)"] = {
         "median": statistics.median(paired),
         "min": min(paired),
         "max": max(paired),
         "rounds": paired,
-        "rounds won by k3.4": f"{sum(d > 0 for d in paired)}/{len(paired)}",
+        f"rounds won by {ours}": f"{sum(d > 0 for d in paired)}/{len(paired)}",
     }
     row["share of steps the GPU waited for the host"] = waited
     return row
 
 
-def step_costs(lens, inputs, wait_cycles, launch_path, reps=5) -> dict:
+def step_costs(lens, inputs, wait_cycles, call, reps=5) -> dict:
     """One step behind 200 ms of queued GPU work: its GPU work, host issue
     time, and host time per KDA call (gpu_bench.model_step_costs)."""
     queued = gb.sleep_cycles_for(200.0)
@@ -549,7 +556,7 @@ def step_costs(lens, inputs, wait_cycles, launch_path, reps=5) -> dict:
         try:
             issue = time.perf_counter()
             start.record()
-            model_step(launch_path, dev, host, inputs, wait_cycles)
+            model_step(call, dev, host, inputs, wait_cycles)
             end.record()
             host_ms.append((time.perf_counter() - issue) * 1e3)
         finally:
@@ -560,6 +567,96 @@ def step_costs(lens, inputs, wait_cycles, launch_path, reps=5) -> dict:
         "gpu_work_ms_per_step": statistics.median(gpu_ms),
         "host_issue_ms_per_step": statistics.median(host_ms),
     }
+
+
+SECOND_RUN = "b9d40d1"  # gpu_bundle.py saves its kda_chunk_launch.py
+SECOND_RUN_SIDE = f"k3.4 as of the second run ({SECOND_RUN})"
+
+
+def second_run_module():
+    """kda_chunk_launch.py as the second issue-22 run measured it (tensors
+    handed to the launches), loaded beside today's with its own plans; None
+    without the file."""
+    path = HERE.parent / ".gpu" / f"kda_chunk_launch_{SECOND_RUN}.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def variant_sides() -> dict:
+    """k3.3 (the vendored call), k3.4 (launched, addresses handed to the
+    launches) and, where the bundle has it, k3.4 as the second run had it."""
+    sides = {"k3.3": vendored, "k3.4": launched}
+    old = second_run_module()
+    if old is not None:
+        sides[SECOND_RUN_SIDE] = lambda args: old.chunk_kda_launched(
+            chunk.vendored_chunk_kda_with_fused_gate, *args
+        )
+    return sides
+
+
+def variant_rounds(sides, lens, calls=20, rounds=2 * ROUNDS) -> dict:
+    """GPU and host time per call of each side, the sides in rotating order,
+    a block of ``calls`` calls each per round (us; per side the median over
+    rounds of the block's value). GPU: each block issued behind 30 ms of
+    queued work, so the host is ahead and the calls run back to back on the
+    GPU, timed with events (the mean of the block). Host: a block with the
+    queue empty before each call (timed_calls; the median of the block)."""
+    inputs = kda_inputs(lens, seed=2)
+    dev, host = cu_seqlens(lens)
+    indices, offsets = metadata(dev, host)
+    args = call_args(inputs, dev, indices, offsets)
+    for call in sides.values():  # plans
+        call(args), call(args)
+    ahead = gb.sleep_cycles_for(30.0)
+    names = list(sides)
+    gpu_us = {name: [] for name in names}
+    host_us = {name: [] for name in names}
+    for r in range(rounds + 1):
+        repin_to_quiet_cpu()
+        for j in range(len(names)):
+            name = names[(r + j) % len(names)]
+            call = sides[name]
+            torch.cuda.synchronize()
+            torch.cuda._sleep(ahead)
+            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+            start.record()
+            for _ in range(calls):
+                call(args)
+            end.record()
+            end.synchronize()
+            host = statistics.median(timed_calls(lambda c=call: c(args), calls))
+            if r:
+                gpu_us[name].append(start.elapsed_time(end) * 1e3 / calls)
+                host_us[name].append(host * 1e6)
+    others = [name for name in names if name != "k3.4"]
+    return {
+        "gpu us per call": gb.summarize(gpu_us, "k3.4", others),
+        "host us per call, back to back": gb.summarize(host_us, "k3.4", others),
+    }
+
+
+def variants(model_sides: tuple[str, ...] = ()) -> dict:
+    """variant_rounds at the step model's shapes and a 4,096-token prefill;
+    then the step model with k3.3 against each side in ``model_sides``."""
+    sides = variant_sides()
+    out = {name: variant_rounds(sides, lens) for name, lens in SHAPES.items()}
+    wait_cycles = gb.sleep_cycles_for(gb.OTHER_GPU_MS / gb.LAYERS)
+    for side in model_sides:
+        if side not in sides:
+            continue
+        for name, lens in gb.MODEL_BATCHES.items():
+            inputs = kda_inputs(lens, seed=0)
+            gpu_work = step_costs(lens, inputs, wait_cycles, sides[side])
+            row = model_rounds(
+                lens, inputs, wait_cycles, gpu_work["gpu_work_ms_per_step"],
+                {"k3.3": vendored, side: sides[side]},
+            )  # fmt: skip
+            out[f"step model, k3.3 vs {side}: {name}"] = row
+    return out
 
 
 def main():
@@ -584,6 +681,13 @@ def main():
     report["warm_up"] = warm_up()
     print("warm-up", json.dumps(report["warm_up"])[:600], flush=True)
     save()
+    if os.environ.get("K3_KDA_ONLY") == "variants":  # this part alone
+        report["bitwise"] = bitwise(200)
+        print("bitwise", json.dumps(report["bitwise"])[:600], flush=True)
+        report["variants"] = variants(("k3.4", SECOND_RUN_SIDE))
+        print(json.dumps(report["variants"], indent=1, default=str), flush=True)
+        save()
+        return
     # Straight after the warm-up, before any other call can make a plan.
     report["compiles_after_warm_up"] = compiles_after_warm_up()
     print("compiles", json.dumps(report["compiles_after_warm_up"]), flush=True)
@@ -602,16 +706,20 @@ def main():
             name, {s: round(row[s]["median"], 1) for s in row}, row["k3.4"], flush=True
         )
         save()
+    report["variants"] = variants()
+    print("variants", json.dumps(report["variants"], default=str)[:2000], flush=True)
+    save()
     wait_cycles = gb.sleep_cycles_for(gb.OTHER_GPU_MS / gb.LAYERS)
     report["step_model_k3.3_vs_k3.4"] = {}
     for name, lens in gb.MODEL_BATCHES.items():
         inputs = kda_inputs(lens, seed=0)
+        sides = {"k3.3": vendored, "k3.4": launched}
         costs = {
-            side: step_costs(lens, inputs, wait_cycles, side == "k3.4")
-            for side in ("k3.3", "k3.4")
+            side: step_costs(lens, inputs, wait_cycles, call)
+            for side, call in sides.items()
         }
         row = model_rounds(
-            lens, inputs, wait_cycles, costs["k3.4"]["gpu_work_ms_per_step"]
+            lens, inputs, wait_cycles, costs["k3.4"]["gpu_work_ms_per_step"], sides
         )
         row["costs"] = costs
         report["step_model_k3.3_vs_k3.4"][name] = row

@@ -29,6 +29,7 @@ same arguments. Without the Triton internals used here (another Triton, or
 ``TRITON_INTERPRET=1``) every call runs the vendored path.
 """
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,48 +141,55 @@ def _misaligned(*tensors: torch.Tensor | None) -> int:
 _PIECE_BYTES = 256
 
 
-def _carve(device: torch.device, pieces) -> list[torch.Tensor]:
-    """Uninitialized contiguous tensors of the given ``(shape, dtype)``, the
-    strides torch.empty gives them, cut from one allocation: one call into
-    the caching allocator where the vendored path makes eleven or thirteen."""
-    layout, end = [], 0
+def _carve(device: torch.device, pieces, pointers: bool) -> tuple[torch.Tensor, list]:
+    """(one allocation, room in it for uninitialized contiguous tensors of
+    the given ``(shape, dtype)``): one call into the caching allocator where
+    the vendored path makes eleven or thirteen. With ``pointers`` each
+    piece is its device address (an int, which Triton's launchers take as a
+    pointer as it is); else a tensor with the strides torch.empty gives."""
+    starts, end = [], 0
     for shape, dtype in pieces:
-        strides, size = [], 1
-        for n in reversed(shape):
-            strides.append(size)
-            size *= n
-        strides.reverse()
-        layout.append((shape, strides, dtype, end))
-        end += -(-size * dtype.itemsize // _PIECE_BYTES) * _PIECE_BYTES
+        starts.append(end)
+        end += -(-math.prod(shape) * dtype.itemsize // _PIECE_BYTES) * _PIECE_BYTES
     memory = torch.empty(end, dtype=torch.uint8, device=device)
-    typed: dict[torch.dtype, torch.Tensor] = {}
-    out = []
-    for shape, strides, dtype, start in layout:
-        view = typed.get(dtype)
-        if view is None:
-            view = typed[dtype] = memory.view(dtype)
-        out.append(view.as_strided(shape, strides, start // dtype.itemsize))
-    return out
+    if pointers:
+        base = memory.data_ptr()
+        return memory, [base + start for start in starts]
+    return memory, [
+        memory[start:].view(dtype)[: math.prod(shape)].view(shape)
+        for (shape, dtype), start in zip(pieces, starts, strict=True)
+    ]
 
 
-def _forward(launch, consts, q, k, v, raw_g, raw_beta, A_log, g_bias, scale,
-             initial_state, output_final_state, lower_bound, use_l2norm,
+def _forward(launch, consts, pointers, q, k, v, raw_g, raw_beta, A_log, g_bias,
+             scale, initial_state, output_final_state, lower_bound, use_l2norm,
              cu_seqlens, chunk_indices, chunk_offsets):  # fmt: skip
     """vLLM 0.27.1's chunk_kda_with_fused_gate after its argument handling
     (l2norm_fwd of q and k, then chunk_kda_with_fused_gate_fwd), kernel for
     kernel, every launch through ``launch(site, grid, *args)`` with the
     arguments in the kernel's parameter order, constexprs included.
     ``consts`` holds the pinned configurations' values and the platform's.
-    The intermediates have the vendored path's shapes, dtypes and strides;
-    they are cut from one allocation (``_carve``)."""
+    The intermediates have the vendored path's shapes and dtypes and are cut
+    from one allocation (``_carve``). With ``pointers``, every tensor
+    argument goes to the launch as its device address, which is what the
+    compiled binary receives either way (Triton's launcher then neither
+    calls data_ptr() nor asks the driver about the pointer, argument by
+    argument); else as the tensor (what Triton's dispatcher specializes on).
+    Returns the output (written over v) and the final state."""
     BT = FLA_CHUNK_SIZE
     num_chunks = chunk_indices.shape[0]
     num_seqs = cu_seqlens.shape[0] - 1
     B, T, H, K = k.shape  # the l2norm outputs have the inputs' shapes
+    Bq, Tq, Hq, Kq = q.shape
     HV = raw_g.shape[2]  # g has raw_g's shape
+    Bg, Tg, _, S = raw_g.shape
     HU, V = v.shape[2], v.shape[3]  # u and v_new have v's
+    beta_strides = raw_beta.stride()
     f32 = torch.float32
-    pieces = [
+    akk_bytes = B * T * HV * BT * k.element_size()
+    # In the order the vendored path allocates them.
+    memory, carved = _carve(q.device, (
+        *(((q.shape, q.dtype), (k.shape, k.dtype)) if use_l2norm else ()),
         (raw_g.shape, f32),  # g
         (raw_beta.shape, f32),  # beta
         ((B, T, HV, BT), k.dtype),  # Aqk
@@ -192,46 +200,55 @@ def _forward(launch, consts, q, k, v, raw_g, raw_beta, A_log, g_bias, scale,
         (k.shape, k.dtype),  # kg
         ((B, num_chunks, HU, V, K), k.dtype),  # h (kg's dtype)
         (v.shape, v.dtype),  # v_new
-    ]
-    if use_l2norm:
-        pieces += ((q.shape, q.dtype), (k.shape, k.dtype))
-    carved = _carve(q.device, pieces)
-    g, beta, Aqk, Akk, Akkd, w, u, kg, h, v_new = carved[:10]
-    Akk.zero_()
+    ), pointers)  # fmt: skip
+    normed = carved[:2] if use_l2norm else ()
+    g, beta, Aqk, Akk, Akkd, w, u, kg, h, v_new = carved[len(normed) :]
     final_state = (
         torch.empty((num_seqs, HU, V, K), dtype=f32, device=q.device)
         if output_final_state
         else None
     )
+    out, state = v, final_state
+    if pointers:
+        q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, state = (
+            None if x is None else x.data_ptr()
+            for x in (q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state,
+                      state)
+        )  # fmt: skip
+        cu_seqlens, chunk_indices, chunk_offsets = (
+            x.data_ptr() for x in (cu_seqlens, chunk_indices, chunk_offsets)
+        )
 
     if use_l2norm:  # l2norm_fwd (its fused-kernel branch)
-        q_in, q, k_in, k = q, carved[10], k, carved[11]
-        rows = q.numel() // q.shape[-1]
+        q_in, q, k_in, k = q, normed[0], k, normed[1]
+        rows = Bq * Tq * Hq
         launch("l2norm_q", (-(-rows // _L2NORM_MBLOCK), 1, 1),
-               q_in, q, _L2NORM_EPS, rows, q.shape[-1], consts["l2norm_q_BD"],
+               q_in, q, _L2NORM_EPS, rows, Kq, consts["l2norm_q_BD"],
                _L2NORM_MBLOCK)  # fmt: skip
-        rows = k.numel() // K
+        rows = B * T * H
         launch("l2norm_k", (-(-rows // _L2NORM_MBLOCK), 1, 1),
                k_in, k, _L2NORM_EPS, rows, K, consts["l2norm_k_BD"],
                _L2NORM_MBLOCK)  # fmt: skip
 
     # fused_kda_gate_chunk_cumsum (raw_g's dims)
-    Tg, S = raw_g.shape[1], raw_g.shape[3]
     gate_bs = consts["gate_BS"]
-    launch("gate", (-(-S // gate_bs) + 1, num_chunks, raw_g.shape[0] * HV),
+    launch("gate", (-(-S // gate_bs) + 1, num_chunks, Bg * HV),
            raw_g, raw_beta, A_log, g_bias, g, beta, cu_seqlens, chunk_indices,
-           RCP_LN2, lower_bound or 0.0, 1.0, 20.0, Tg, *raw_beta.stride(),
+           RCP_LN2, lower_bound or 0.0, 1.0, 20.0, Tg, *beta_strides,
            HV, S, BT, gate_bs, g_bias is not None, True,
            lower_bound is not None)  # fmt: skip
 
-    # chunk_kda_fwd_intra (k's dims; HV from g)
+    # chunk_kda_fwd_intra (k's dims; HV from g), which zeroes Akk first
+    if pointers:
+        memory.narrow(0, Akk - memory.data_ptr(), akk_bytes).zero_()
+    else:
+        Akk.zero_()
     if lower_bound is not None:  # chunk_kda_fwd_kernel_intra_sub_chunk
         launch("intra", (num_chunks, -(-BT // _BC), B * HV),
                q, k, g, beta, Aqk, Akkd, scale, cu_seqlens, chunk_indices, T,
                H, HV, K, BT, _BC, consts["intra_BK"], True,
                consts["use_gather"])  # fmt: skip
     else:  # chunk_kda_fwd_intra_token_parallel (q's dims)
-        Bq, Tq, Hq, Kq = q.shape
         launch("intra", (Bq * Tq, -(-HV // consts["intra_BH"]), 1),
                q, k, g, beta, Aqk, Akkd, scale, cu_seqlens, num_seqs, Tq,
                Hq, HV, Kq, BT, _BC, consts["intra_BH"], True)  # fmt: skip
@@ -248,18 +265,17 @@ def _forward(launch, consts, q, k, v, raw_g, raw_beta, A_log, g_bias, scale,
     # chunk_gated_delta_rule_fwd_h (k is kg, v is u)
     delta_bv = consts["delta_h_BV"]
     launch("delta_h", (-(-V // delta_bv), num_seqs * HU, 1),
-           kg, u, w, v_new, None, g, h, initial_state, final_state, cu_seqlens,
+           kg, u, w, v_new, None, g, h, initial_state, state, cu_seqlens,
            chunk_offsets, T, HU, H, K, V, BT, delta_bv, False, True,
-           initial_state is not None, final_state is not None, True, True,
+           initial_state is not None, state is not None, True, True,
            True)  # fmt: skip
 
     # chunk_gla_fwd_o_gk, written over v (q's dims)
-    B, T, H, K = q.shape
     out_bv = consts["output_BV"]
-    launch("output", (-(-V // out_bv), num_chunks, B * H),
-           q, v_new, g, h, v, Aqk, cu_seqlens, chunk_indices, scale, T, H, K, V,
-           BT, consts["output_BK"], out_bv, True)  # fmt: skip
-    return v, final_state
+    launch("output", (-(-V // out_bv), num_chunks, Bq * Hq),
+           q, v_new, g, h, v, Aqk, cu_seqlens, chunk_indices, scale, Tq, Hq, Kq,
+           V, BT, consts["output_BK"], out_bv, True)  # fmt: skip
+    return out, final_state
 
 
 # The values _forward takes from each autotuned site's configuration.
@@ -346,7 +362,7 @@ def resolve_binaries(prepared: tuple, configs: dict) -> tuple[dict, dict]:
             *kernel_args, grid=grid, warmup=True, **_options(configs.get(site))
         )
 
-    _forward(resolve, consts, *prepared)
+    _forward(resolve, consts, False, *prepared)
     return binaries, consts
 
 
@@ -483,7 +499,7 @@ def chunk_kda_launched(vendored, q, k, v, raw_g, raw_beta, A_log, g_bias,
                 run(grid[0], grid[1], grid[2], stream, function, packed_metadata,
                     None, None, None, *kernel_args)  # fmt: skip
 
-            return _forward(launch, plan.consts, *prepared)
+            return _forward(launch, plan.consts, True, *prepared)
     STATS["vendored_calls"] += 1
     out = vendored(q, k, v, raw_g, raw_beta, A_log, g_bias, scale,
                    initial_state, output_final_state, lower_bound,
