@@ -25,7 +25,8 @@
 
     python3 benchmarks/gpu_kda_launch.py        # needs .gpu/ (gpu_bundle.py)
     K3_KDA_ONLY=variants python3 benchmarks/gpu_kda_launch.py   # 2, 3 on 200
-               # batches, 6, and the step model of both k3.4 sides against k3.3
+               # batches, 6 with coarser pieces and each kernel's GPU time,
+               # and the step model against k3.3
 """
 
 import ast
@@ -586,16 +587,100 @@ def second_run_module():
     return module
 
 
-def variant_sides() -> dict:
+def variant_sides(layouts: bool = False) -> dict:
     """k3.3 (the vendored call), k3.4 (launched, addresses handed to the
-    launches) and, where the bundle has it, k3.4 as the second run had it."""
+    launches) and, where the bundle has it, k3.4 as the second run had it;
+    with ``layouts`` also k3.4 with its intermediates on coarser boundaries
+    of the one allocation (the caching allocator's 512 bytes, 4 KiB), to
+    see whether where they lie moves the GPU time."""
     sides = {"k3.3": vendored, "k3.4": launched}
     old = second_run_module()
     if old is not None:
         sides[SECOND_RUN_SIDE] = lambda args: old.chunk_kda_launched(
             chunk.vendored_chunk_kda_with_fused_gate, *args
         )
+    if layouts:
+        for piece in (512, 4096):
+            sides[f"k3.4, {piece}-byte pieces"] = with_piece_bytes(piece)
     return sides
+
+
+def with_piece_bytes(piece: int):
+    def call(args):
+        kept = kda_chunk_launch._PIECE_BYTES
+        kda_chunk_launch._PIECE_BYTES = piece
+        try:
+            return launched(args)
+        finally:
+            kda_chunk_launch._PIECE_BYTES = kept
+
+    return call
+
+
+def kernel_gpu_us(lens, calls=20, rounds=ROUNDS) -> dict:
+    """GPU time of each kernel of one call, k3.3 against k3.4 (us; median
+    over rounds of the mean over ``calls`` calls issued behind 30 ms of
+    queued work): events recorded around every launch, through Triton's
+    dispatcher (k3.3) or the direct launch (k3.4); the two l2norm launches
+    summed; Akk's fill not included on either side."""
+    inputs = kda_inputs(lens, seed=2)
+    dev, host = cu_seqlens(lens)
+    indices, offsets = metadata(dev, host)
+    args = call_args(inputs, dev, indices, offsets)
+    vendored(args), launched(args)
+    plan = kda_chunk_launch._PLANS[kda_chunk_launch.call_kind(args)]
+    kernels = {}
+    for site in kda_chunk_launch.SITES:
+        kernel = kda_chunk_launch.site_kernel(site, LOWER_BOUND)
+        kernels.setdefault(id(kernel), (site, kernel))
+    events = []
+
+    def timed(site, run):
+        name = "l2norm (q and k)" if site.startswith("l2norm") else site
+
+        def wrapper(*a, **kw):
+            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+            start.record()
+            out = run(*a, **kw)
+            end.record()
+            events.append((name, start, end))
+            return out
+
+        return wrapper
+
+    ahead = gb.sleep_cycles_for(30.0)
+    values = {"k3.3": {}, "k3.4": {}}
+    for r in range(rounds + 1):
+        for side in ("k3.3", "k3.4") if r % 2 else ("k3.4", "k3.3"):
+            events.clear()
+            original = dict(plan.launches)
+            if side == "k3.3":
+                for site, kernel in kernels.values():
+                    kernel.run = timed(site, kernel.run)
+            else:
+                plan.launches.update(
+                    {s: (timed(s, run), f, m) for s, (run, f, m) in original.items()}
+                )
+            try:
+                torch.cuda.synchronize()
+                torch.cuda._sleep(ahead)
+                for _ in range(calls):
+                    (vendored if side == "k3.3" else launched)(args)
+                torch.cuda.synchronize()
+            finally:
+                for _, kernel in kernels.values():
+                    kernel.__dict__.pop("run", None)
+                plan.launches.update(original)
+            if r:
+                per: dict[str, float] = {}
+                for name, start, end in events:
+                    per[name] = per.get(name, 0.0) + start.elapsed_time(end) * 1e3
+                for name, us in per.items():
+                    values[side].setdefault(name, []).append(us / calls)
+    return {
+        side: {name: statistics.median(v) for name, v in sites.items()}
+        for side, sites in values.items()
+    }
 
 
 def variant_rounds(sides, lens, calls=20, rounds=2 * ROUNDS) -> dict:
@@ -639,11 +724,16 @@ def variant_rounds(sides, lens, calls=20, rounds=2 * ROUNDS) -> dict:
     }
 
 
-def variants(model_sides: tuple[str, ...] = ()) -> dict:
-    """variant_rounds at the step model's shapes and a 4,096-token prefill;
-    then the step model with k3.3 against each side in ``model_sides``."""
-    sides = variant_sides()
+def variants(model_sides: tuple[str, ...] = (), layouts: bool = False) -> dict:
+    """variant_rounds at the step model's shapes and a 4,096-token prefill
+    (with ``layouts``, also the sides of coarser pieces, and each kernel's
+    GPU time); then the step model with k3.3 against each side in
+    ``model_sides``."""
+    sides = variant_sides(layouts)
     out = {name: variant_rounds(sides, lens) for name, lens in SHAPES.items()}
+    if layouts:
+        for name, lens in SHAPES.items():
+            out[f"GPU us per kernel: {name}"] = kernel_gpu_us(lens)
     wait_cycles = gb.sleep_cycles_for(gb.OTHER_GPU_MS / gb.LAYERS)
     for side in model_sides:
         if side not in sides:
@@ -684,7 +774,7 @@ def main():
     if os.environ.get("K3_KDA_ONLY") == "variants":  # this part alone
         report["bitwise"] = bitwise(200)
         print("bitwise", json.dumps(report["bitwise"])[:600], flush=True)
-        report["variants"] = variants(("k3.4", SECOND_RUN_SIDE))
+        report["variants"] = variants(("k3.4",), layouts=True)
         print(json.dumps(report["variants"], indent=1, default=str), flush=True)
         save()
         return
