@@ -25,8 +25,8 @@
 
     python3 benchmarks/gpu_kda_launch.py        # needs .gpu/ (gpu_bundle.py)
     K3_KDA_ONLY=variants python3 benchmarks/gpu_kda_launch.py   # 2, 3 on 200
-               # batches, 6 with coarser pieces and each kernel's GPU time,
-               # and the step model against k3.3
+               # batches, 5, 6 with coarser pieces and each kernel's GPU
+               # time, and 7
 """
 
 import ast
@@ -95,6 +95,14 @@ def call_args(inputs, dev, indices, offsets) -> tuple:
     values = {**inputs, "scale": None, "cu_seqlens": dev}
     values.update(chunk_indices=indices, chunk_offsets=offsets)
     return tuple(values[name] for name in CALL_ORDER)
+
+
+def batch_args(lens, seed: int) -> tuple:
+    """A call's arguments for one batch: random inputs, the series'
+    metadata."""
+    dev, host = cu_seqlens(lens)
+    indices, offsets = metadata(dev, host)
+    return call_args(kda_inputs(lens, seed=seed), dev, indices, offsets)
 
 
 def vendored(args):
@@ -240,10 +248,7 @@ def timed_calls(call, reps: int) -> list[float]:
 def breakdown(lens, reps=200) -> dict:
     """Host time of one call and of each launch in it (medians, us; the
     queue empty before each call; GC off)."""
-    inputs = kda_inputs(lens, seed=0)
-    dev, host = cu_seqlens(lens)
-    indices, offsets = metadata(dev, host)
-    args = call_args(inputs, dev, indices, offsets)
+    args = batch_args(lens, seed=0)
     vendored(args), launched(args), launched(args)
     repin_to_quiet_cpu()
     out = {}
@@ -452,10 +457,7 @@ def host_rounds(lens, calls=40) -> dict:
     """Host time per call, the three sides alternating call by call (the side
     that starts rotating), queue empty before each call; per round each
     side's median."""
-    inputs = kda_inputs(lens, seed=1)
-    dev, host = cu_seqlens(lens)
-    indices, offsets = metadata(dev, host)
-    args = call_args(inputs, dev, indices, offsets)
+    args = batch_args(lens, seed=1)
     sides = {"0.27.1": legacy, "k3.3": vendored, "k3.4": launched}
     values = {name: [] for name in sides}
     names = list(sides)
@@ -623,10 +625,7 @@ def kernel_gpu_us(lens, calls=20, rounds=ROUNDS) -> dict:
     queued work): events recorded around every launch, through Triton's
     dispatcher (k3.3) or the direct launch (k3.4); the two l2norm launches
     summed; Akk's fill not included on either side."""
-    inputs = kda_inputs(lens, seed=2)
-    dev, host = cu_seqlens(lens)
-    indices, offsets = metadata(dev, host)
-    args = call_args(inputs, dev, indices, offsets)
+    args = batch_args(lens, seed=2)
     vendored(args), launched(args)
     plan = kda_chunk_launch._PLANS[kda_chunk_launch.call_kind(args)]
     kernels = {}
@@ -690,10 +689,7 @@ def variant_rounds(sides, lens, calls=20, rounds=2 * ROUNDS) -> dict:
     queued work, so the host is ahead and the calls run back to back on the
     GPU, timed with events (the mean of the block). Host: a block with the
     queue empty before each call (timed_calls; the median of the block)."""
-    inputs = kda_inputs(lens, seed=2)
-    dev, host = cu_seqlens(lens)
-    indices, offsets = metadata(dev, host)
-    args = call_args(inputs, dev, indices, offsets)
+    args = batch_args(lens, seed=2)
     for call in sides.values():  # plans
         call(args), call(args)
     ahead = gb.sleep_cycles_for(30.0)
@@ -734,18 +730,31 @@ def variants(model_sides: tuple[str, ...] = (), layouts: bool = False) -> dict:
     if layouts:
         for name, lens in SHAPES.items():
             out[f"GPU us per kernel: {name}"] = kernel_gpu_us(lens)
-    wait_cycles = gb.sleep_cycles_for(gb.OTHER_GPU_MS / gb.LAYERS)
     for side in model_sides:
-        if side not in sides:
-            continue
-        for name, lens in gb.MODEL_BATCHES.items():
-            inputs = kda_inputs(lens, seed=0)
-            gpu_work = step_costs(lens, inputs, wait_cycles, sides[side])
-            row = model_rounds(
-                lens, inputs, wait_cycles, gpu_work["gpu_work_ms_per_step"],
-                {"k3.3": vendored, side: sides[side]},
-            )  # fmt: skip
-            out[f"step model, k3.3 vs {side}: {name}"] = row
+        if side in sides:
+            out[f"step model, k3.3 vs {side}"] = step_model_vs_k33(side, sides[side])
+    return out
+
+
+def step_model_vs_k33(name: str, call) -> dict:
+    """The step model of gpu_bench.py with k3.3 against ``call`` (model_rounds),
+    per batch, with each side's step costs (GPU work, host issue time)."""
+    wait_cycles = gb.sleep_cycles_for(gb.OTHER_GPU_MS / gb.LAYERS)
+    out = {}
+    for batch, lens in gb.MODEL_BATCHES.items():
+        inputs = kda_inputs(lens, seed=0)
+        sides = {"k3.3": vendored, name: call}
+        costs = {
+            side: step_costs(lens, inputs, wait_cycles, c) for side, c in sides.items()
+        }
+        row = model_rounds(
+            lens, inputs, wait_cycles, costs[name]["gpu_work_ms_per_step"], sides
+        )
+        row["costs"] = costs
+        out[batch] = row
+        paired = row[f"paired (k3.3 - {name}, ms)"][f"rounds won by {name}"]
+        waited = row["share of steps the GPU waited for the host"]
+        print(batch, json.dumps(costs), paired, waited, flush=True)
     return out
 
 
@@ -774,6 +783,7 @@ def main():
     if os.environ.get("K3_KDA_ONLY") == "variants":  # this part alone
         report["bitwise"] = bitwise(200)
         print("bitwise", json.dumps(report["bitwise"])[:600], flush=True)
+        report["host_us_per_call"] = {n: host_rounds(x) for n, x in SHAPES.items()}
         report["variants"] = variants(("k3.4",), layouts=True)
         print(json.dumps(report["variants"], indent=1, default=str), flush=True)
         save()
@@ -799,28 +809,8 @@ def main():
     report["variants"] = variants()
     print("variants", json.dumps(report["variants"], default=str)[:2000], flush=True)
     save()
-    wait_cycles = gb.sleep_cycles_for(gb.OTHER_GPU_MS / gb.LAYERS)
-    report["step_model_k3.3_vs_k3.4"] = {}
-    for name, lens in gb.MODEL_BATCHES.items():
-        inputs = kda_inputs(lens, seed=0)
-        sides = {"k3.3": vendored, "k3.4": launched}
-        costs = {
-            side: step_costs(lens, inputs, wait_cycles, call)
-            for side, call in sides.items()
-        }
-        row = model_rounds(
-            lens, inputs, wait_cycles, costs["k3.4"]["gpu_work_ms_per_step"], sides
-        )
-        row["costs"] = costs
-        report["step_model_k3.3_vs_k3.4"][name] = row
-        print(
-            name,
-            json.dumps(costs),
-            row["paired (k3.3 - k3.4, ms)"]["rounds won by k3.4"],
-            row["share of steps the GPU waited for the host"],
-            flush=True,
-        )
-        save()
+    report["step_model_k3.3_vs_k3.4"] = step_model_vs_k33("k3.4", launched)
+    save()
     failures = [
         claim
         for claim, holds in {
