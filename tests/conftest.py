@@ -10,9 +10,11 @@ import threading
 os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
-from docker_images import build_image, build_standin, require_engine, tiny_model_dir
+from docker_images import build_image, build_standin, require_engine
 from registry import PUSHED, build_image_push, running_registry
 from vllm_trees import patched_tree
+
+from k3rocm.tryout.tiny_model import build_for_containers
 
 PATCHED_ROOT = patched_tree()
 sys.path.insert(0, str(PATCHED_ROOT))
@@ -72,7 +74,7 @@ def pushed_image(standin, image, registry) -> dict:
 
 @pytest.fixture(scope="session")
 def model(tmp_path_factory):
-    return tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
+    return build_for_containers(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture

@@ -22,14 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiny_model import SERVE_ENV, build_tiny_llama
 from vllm_server import free_port
 from vllm_trees import REPO, patched_tree
+
+from k3rocm.tryout.cpu import CPU_SETTINGS, SERVE_ENV
+from k3rocm.tryout.tiny_model import build_tiny_llama
 
 DUMB_INIT = Path(sys.executable).with_name("dumb-init")
 # The image's CMD, under its ENTRYPOINT (dumb-init) below.
 CONTAINER_COMMAND = (sys.executable, "-m", "k3rocm.container.supervise", "run")
-TINY_MODEL_FLAGS = "--load-format dummy --enforce-eager --dtype float32"
 
 
 @dataclass
@@ -128,7 +129,7 @@ def start_container_tree(
         "K3_HOST": "127.0.0.1",
         "K3_PORT": str(port),
         "K3_MAX_MODEL_LEN": "512",
-        "K3_EXTRA_ARGS": TINY_MODEL_FLAGS,
+        "K3_EXTRA_ARGS": CPU_SETTINGS["K3_EXTRA_ARGS"],
         "K3_STOP_GRACE_SECONDS": "30",
         "K3_SMOKE_LOAD_TIMEOUT": "300",
         "TRITON_INTERPRET": "1",

@@ -24,13 +24,13 @@ from http.client import HTTPException
 from pathlib import Path
 
 import pytest
-from tiny_model import SERVE_ENV, build_tiny_llama
 from vllm_server import free_port
 from vllm_trees import REPO
 
+from k3rocm.tryout.cpu import CPU_SERVER_ENV, CPU_SETTINGS
+
 TEST_REPO = "k3rocm-test"
 STANDIN_SCRIPT = REPO / "scripts" / "standin-base"
-TINY_MODEL_FLAGS = "--load-format dummy --enforce-eager --dtype float32"
 IN_CONTAINER_MODEL = "/models/tiny"
 
 
@@ -69,6 +69,32 @@ def build_standin(variant: str = "plain") -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
+# Test-only images of the monitoring servers (Docker Hub is unreachable here).
+PROMETHEUS_IMAGE = "k3rocm-test-prometheus:debian"
+ALERTMANAGER_IMAGE = "k3rocm-test-alertmanager:debian"
+
+
+# What a Debian monitoring server reads besides its binary: Alertmanager's
+# notification templates.
+DEBIAN_SERVER_FILES = {"prometheus-alertmanager": "/usr/share/prometheus/alertmanager"}
+
+
+def debian_image(base: str, command: str, name: str, context: Path) -> str:
+    """A test-only image of a monitoring server from Debian's package (the
+    binary `scripts/test` installs on this machine, and its data files)."""
+    binary = shutil.which(command)
+    assert binary, f"{command} is missing (scripts/test installs its Debian package)"
+    context.mkdir()
+    shutil.copy(binary, context / "server")
+    dockerfile = f"FROM {base}\nCOPY server /bin/server\n"
+    if command in DEBIAN_SERVER_FILES:
+        shutil.copytree(DEBIAN_SERVER_FILES[command], context / "files")
+        dockerfile += f"COPY files {DEBIAN_SERVER_FILES[command]}\n"
+    (context / "Dockerfile").write_text(dockerfile + 'ENTRYPOINT ["/bin/server"]\n')
+    docker("build", "--network", "none", "--tag", name, str(context))
+    return name
+
+
 def build_image(base: str) -> str:
     """The image, by scripts/build-image (wheelhouse, then `docker build`)."""
     result = subprocess.run(
@@ -92,25 +118,9 @@ def build_image(base: str) -> str:
     return tagged[-1].split()[-1]
 
 
-def tiny_model_dir(directory: Path) -> Path:
-    """The tiny Llama, readable by the container's uid 1000."""
-    model = build_tiny_llama(directory)
-    for path in (directory, *directory.rglob("*")):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return model
-
-
-# The container settings of a cpu-dev server on the tiny model; TRITON_INTERPRET
-# lets smoke stage 1 run the kernel battery on the CPU.
-CPU_DEV_ENV = {
-    **SERVE_ENV,
-    "K3_PROFILE": "cpu-dev",
-    "K3_MODEL": IN_CONTAINER_MODEL,
-    "K3_MAX_MODEL_LEN": "512",
-    "K3_EXTRA_ARGS": TINY_MODEL_FLAGS,
-    "K3_SMOKE_LOAD_TIMEOUT": "600",
-    "TRITON_INTERPRET": "1",
-}
+# The container settings of a cpu-dev server on the tiny model, as the CPU
+# try-out sets them (k3rocm.tryout.stack).
+CPU_DEV_ENV = {**CPU_SERVER_ENV, **CPU_SETTINGS, "K3_MODEL": IN_CONTAINER_MODEL}
 
 
 @dataclass

@@ -15,12 +15,13 @@ import sys
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tiny_model import SERVE_ARGS, SERVE_ENV, build_tiny_llama
 from vllm_server import running_vllm_server
 
 from k3rocm.accept import arithmetic, report
 from k3rocm.accept.arithmetic import final_number, is_correct, problems, wilson
 from k3rocm.accept.bench import FIGURE_KEYS, BenchError, read_figures
+from k3rocm.tryout.cpu import SERVE_ARGS, SERVE_ENV
+from k3rocm.tryout.tiny_model import build_tiny_llama
 
 API_KEY = "sk-accept-test-key"
 

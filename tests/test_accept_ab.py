@@ -15,7 +15,7 @@ import sys
 
 import pytest
 import yaml
-from docker_images import CPU_DEV_ENV, docker
+from docker_images import docker
 from vllm_server import free_port
 from vllm_trees import REPO
 
@@ -30,6 +30,8 @@ from k3rocm.accept.ab import (
     verdict,
 )
 from k3rocm.accept.bench import FIGURES
+from k3rocm.tryout.cpu import CPU_SETTINGS, SERVER
+from k3rocm.tryout.stack import cpu_stack
 
 
 def test_rounds_alternate_and_start_with_the_operators_path():
@@ -114,18 +116,17 @@ def test_bad_options_are_one_line_errors():
 # -- on the stand-in compose stack --------------------------------------------
 
 PROJECT = "k3rocmtestab"
-CPU_ONLY_ENV = {"VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TRITON_INTERPRET"}
 
 
 @pytest.mark.docker
 def test_ab_runs_both_paths_restores_the_setting_and_prints_the_table(
     image, model, tmp_path
 ):
-    stack = yaml.safe_load((REPO / "compose.yaml").read_text())
-    server = stack["services"]["kimi-k3"]
-    for not_here in ("devices", "group_add", "ulimits", "build"):
-        del server[not_here]
-    stack["services"] = {"kimi-k3": server}
+    stack = cpu_stack(
+        yaml.safe_load((REPO / "compose.yaml").read_text()), {SERVER: image}
+    )
+    server = stack["services"][SERVER]
+    stack["services"] = {SERVER: server}
     stack["secrets"] = {name: stack["secrets"][name] for name in server["secrets"]}
     stack["volumes"] = {"k3-cache": stack["volumes"]["k3-cache"]}
     key_file = tmp_path / "api-key"
@@ -134,14 +135,7 @@ def test_ab_runs_both_paths_restores_the_setting_and_prints_the_table(
     key_file.chmod(0o600)
     derived = tmp_path / "compose.yaml"
     derived.write_text(yaml.safe_dump(stack))
-    override = tmp_path / "override.yaml"
-    cpu_env = {name: CPU_DEV_ENV[name] for name in CPU_ONLY_ENV}
-    override.write_text(
-        yaml.safe_dump(
-            {"services": {"kimi-k3": {"image": image, "environment": cpu_env}}}
-        )
-    )
-    settings = {k: v for k, v in CPU_DEV_ENV.items() if k not in CPU_ONLY_ENV}
+    settings = dict(CPU_SETTINGS)
     settings |= {
         "K3_MODELS_DIR": str(model),
         "K3_MODEL": "/models",
@@ -156,7 +150,7 @@ def test_ab_runs_both_paths_restores_the_setting_and_prints_the_table(
     env_file.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
     compose = (
         f"docker-compose --project-name {PROJECT} --project-directory {REPO} "
-        f"--env-file {env_file} --file {derived} --file {override}"
+        f"--env-file {env_file} --file {derived}"
     )
     out = tmp_path / "ab"
     environ = {k: v for k, v in os.environ.items() if not k.startswith("K3_")}

@@ -6,9 +6,10 @@ What differs from an AMD host, and how: the server's GPU `devices`, its
 `group_add` (the render group), its unlimited `memlock` (this machine's
 Docker engine may not raise the limit: "error setting rlimit type 8") and its
 `build` are dropped from a copy of compose.yaml (no GPU here, the image is
-already built); an override sets the
-test image, the CPU settings and a Prometheus image built here from Debian's
-`prometheus` package under a test-only name (Docker Hub is unreachable).
+already built) by the CPU try-out's k3rocm.tryout.stack, which also adds the
+CPU build's variables and puts in Prometheus and Alertmanager images built
+here from Debian's packages under test-only names (Docker Hub is
+unreachable).
 Grafana has no image here and is not started (its files have static tests).
 """
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 from datetime import datetime
@@ -26,9 +26,11 @@ from pathlib import Path
 import pytest
 import yaml
 from docker_images import (
-    CPU_DEV_ENV,
+    ALERTMANAGER_IMAGE,
+    PROMETHEUS_IMAGE,
     Load,
     container_state,
+    debian_image,
     docker,
     http,
     server_logs,
@@ -38,10 +40,11 @@ from docker_images import (
 from vllm_server import free_port
 from vllm_trees import REPO
 
+from k3rocm.tryout.cpu import CPU_SETTINGS
+from k3rocm.tryout.stack import cpu_stack
+
 pytestmark = pytest.mark.docker
 PROJECT = "k3rocmtest"
-PROMETHEUS_IMAGE = "k3rocm-test-prometheus:debian"
-ALERTMANAGER_IMAGE = "k3rocm-test-alertmanager:debian"
 SECRETS = {
     "api_key": "sk-test-5f1c2e-never-in-an-environment",
     "hf_token": "hf_test_token_never_in_an_environment",
@@ -49,26 +52,9 @@ SECRETS = {
 }
 # Values an operator's .env may hold that must not reach the server.
 POISON = {"HF_TOKEN": "hf_poison_from_dotenv", "GRAFANA_ADMIN_PASSWORD": "poison-pw"}
-# Flags of the smoke test and vLLM for the tiny model (not in compose.yaml's
-# allow-list: the CPU build's own variables).
-CPU_ONLY_ENV = {"VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TRITON_INTERPRET"}
 # The watchdog's stall time here: far above a CPU step of the tiny model,
 # short enough to wait for several times.
 STALL_SECONDS = 15
-
-
-def debian_image(base: str, command: str, name: str, context: Path) -> str:
-    """A test-only image of a monitoring server from Debian's package (the
-    binary `scripts/test` installs on this machine)."""
-    binary = shutil.which(command)
-    assert binary, f"{command} is missing (scripts/test installs its Debian package)"
-    context.mkdir()
-    shutil.copy(binary, context / "server")
-    (context / "Dockerfile").write_text(
-        f'FROM {base}\nCOPY server /bin/server\nENTRYPOINT ["/bin/server"]\n'
-    )
-    docker("build", "--network", "none", "--tag", name, str(context))
-    return name
 
 
 def compose(*args: str, files: list[Path], env_file: Path, timeout: float = 600):
@@ -105,29 +91,14 @@ def project(image, standin, model, pushed_image, tmp_path_factory):
         standin, "prometheus-alertmanager", ALERTMANAGER_IMAGE, tmp / "am-image"
     )
 
-    stack = yaml.safe_load((REPO / "compose.yaml").read_text())
-    server = stack["services"]["kimi-k3"]
-    for not_here in ("devices", "group_add", "ulimits", "build"):
-        del server[not_here]
+    stack = cpu_stack(
+        yaml.safe_load((REPO / "compose.yaml").read_text()),
+        {"prometheus": prometheus, "alertmanager": alertmanager},
+    )
     derived = tmp / "compose.yaml"
     derived.write_text(yaml.safe_dump(stack))
-    override = tmp / "override.yaml"
-    cpu_env = {name: CPU_DEV_ENV[name] for name in CPU_ONLY_ENV}
-    override.write_text(
-        yaml.safe_dump(
-            {
-                "services": {
-                    "kimi-k3": {"environment": cpu_env},
-                    "prometheus": {"image": prometheus},
-                    "alertmanager": {"image": alertmanager},
-                }
-            }
-        )
-    )
     api_port, prometheus_port = free_port(), free_port()
-    settings = {
-        key: value for key, value in CPU_DEV_ENV.items() if key not in CPU_ONLY_ENV
-    }
+    settings = dict(CPU_SETTINGS)
     settings |= {
         "K3_IMAGE": pinned,
         "K3_MODELS_DIR": str(model),
@@ -146,7 +117,7 @@ def project(image, standin, model, pushed_image, tmp_path_factory):
     }
     env_file = tmp / ".env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-    files = [derived, override]
+    files = [derived]
     try:
         compose(
             "up", "--detach", "kimi-k3", "prometheus", files=files, env_file=env_file
@@ -174,8 +145,6 @@ def project(image, standin, model, pushed_image, tmp_path_factory):
                 str(env_file),
                 "--file",
                 str(derived),
-                "--file",
-                str(override),
                 "down",
                 "--volumes",
                 "--remove-orphans",

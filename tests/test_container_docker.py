@@ -29,11 +29,11 @@ from docker_images import (
     http,
     running_container,
 )
-from tiny_model import MAX_POSITIONS
 from vllm_trees import REPO
 
 from k3rocm.series import Series
 from k3rocm.supply_chain.image import image_tag
+from k3rocm.tryout.tiny_model import MAX_POSITIONS
 
 pytestmark = pytest.mark.docker
 SERIES = Series(REPO / "patches")

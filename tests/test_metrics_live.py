@@ -24,13 +24,6 @@ import pytest
 import yaml
 from processes import running
 from prometheus_client.parser import text_string_to_metric_families
-from tiny_model import (
-    SERVE_ARGS,
-    SERVE_ENV,
-    build_tiny_llama,
-    count_tokens,
-    random_words,
-)
 from vllm_server import (
     VllmServer,
     free_port,
@@ -43,6 +36,12 @@ from vllm_trees import SERIES, patched_tree
 from k3rocm.container import watchdog
 from k3rocm.contract import IMAGE_TAG_ENV, SMOKE_REPORT_ENV, vllm_metrics_args
 from k3rocm.monitoring import dashboard
+from k3rocm.tryout.cpu import SERVE_ARGS, SERVE_ENV
+from k3rocm.tryout.tiny_model import (
+    build_tiny_llama,
+    count_tokens,
+    random_words,
+)
 
 pytestmark = pytest.mark.server
 

@@ -1,35 +1,25 @@
 """A tiny Llama checkpoint that a real vLLM 0.27.1 CPU server can load in under
 a minute: a config, a tokenizer trained here with the `tokenizers` package,
-and no weights (the server runs with ``--load-format dummy``)."""
+and no weights (the server runs with ``--load-format dummy``). The tests and
+the CPU try-out use it.
+
+    python -m k3rocm.tryout.tiny_model DIR
+"""
 
 from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-MAX_MODEL_LEN = 512
-# The checkpoint's own limit: room for a server started with a longer
-# --max-model-len (the drain test's long streams); 512 stays the default.
 MAX_POSITIONS = 2048
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
 # Letters and lengths of the made-up words the tokenizer learns from; prompts
 # built from the same alphabet encode without <unk>.
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
-
-# Flags that make the tiny model start quickly on a 2-core CPU machine.
-SERVE_ARGS = (
-    "--load-format",
-    "dummy",
-    "--enforce-eager",
-    "--max-model-len",
-    str(MAX_MODEL_LEN),
-    "--dtype",
-    "float32",
-)
-SERVE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 
 
 def random_words(rng: random.Random, count: int) -> list[str]:
@@ -93,3 +83,17 @@ def build_tiny_llama(directory: Path, seed: int = 0) -> Path:
 def count_tokens(model_dir: Path, text: str) -> int:
     """Prompt length by the tokenizer file itself, independent of vLLM."""
     return len(Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(text).ids)
+
+
+def build_for_containers(directory: Path) -> Path:
+    """The tiny Llama, readable by the container's uid 1000 whoever wrote it."""
+    model = build_tiny_llama(directory)
+    for path in (directory, *directory.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return model
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m k3rocm.tryout.tiny_model DIR")
+    print(build_for_containers(Path(sys.argv[1])))

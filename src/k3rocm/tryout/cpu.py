@@ -1,0 +1,33 @@
+"""What makes a cpu-dev server of the tiny model (no YAML needed: the host
+side of the try-out runs on any Python 3.11)."""
+
+MAX_MODEL_LEN = 512
+# Flags that make the tiny model (k3rocm.tryout.tiny_model) start quickly on
+# a 2-core CPU machine.
+SERVE_ARGS = (
+    "--load-format",
+    "dummy",
+    "--enforce-eager",
+    "--max-model-len",
+    str(MAX_MODEL_LEN),
+    "--dtype",
+    "float32",
+)
+SERVE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+SERVER = "kimi-k3"
+# The CPU build's own variables, outside compose.yaml's allow-list: the tiny
+# model's KV cache size, no Hub, and Triton's interpreter, which lets smoke
+# stage 1 run its kernel battery on the CPU.
+CPU_SERVER_ENV = {**SERVE_ENV, "TRITON_INTERPRET": "1"}
+# The settings of a cpu-dev server on the tiny model (the container's own
+# variables, through .env as an operator sets them).
+CPU_SETTINGS = {
+    "K3_PROFILE": "cpu-dev",
+    "K3_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+    # SERVE_ARGS less the length, which K3_MAX_MODEL_LEN sets.
+    "K3_EXTRA_ARGS": "--load-format dummy --enforce-eager --dtype float32",
+    "K3_SMOKE_LOAD_TIMEOUT": "600",
+}
+# The services the try-out starts: Grafana's dashboard needs nothing a CPU
+# machine lacks to be looked at, and its image is the largest.
+SERVICES = (SERVER, "prometheus", "alertmanager")
