@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as grafana
 
 from k3rocm.monitoring import alerts, dashboard
 from k3rocm.monitoring import names as monitoring
@@ -137,6 +139,19 @@ def test_committed_dashboard_is_current():
         "python -m k3rocm.monitoring.dashboard --output "
         + str(DASHBOARD_JSON.relative_to(REPO))
     )
+
+
+def test_the_dashboard_is_what_grafanas_typed_model_reads_back():
+    """No Grafana server runs here: the closest check of the JSON's shape is
+    Grafana's dashboard model (generated from its schema) reading it back
+    and writing the same JSON; a key it does not know is dropped."""
+    board = json.loads(DASHBOARD_JSON.read_text())
+    model = grafana.Dashboard.from_json(board)
+    assert json.loads(JSONEncoder().encode(model)) == board
+    misspelled = dict(board, refesh="30s")
+    assert json.loads(
+        JSONEncoder().encode(grafana.Dashboard.from_json(misspelled))
+    ) != (misspelled)
 
 
 def test_dashboard_panels_and_variables():

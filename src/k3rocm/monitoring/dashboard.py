@@ -1,4 +1,6 @@
-"""The Grafana dashboard for kimi-k3-rocm servers, generated from code.
+"""The Grafana dashboard for kimi-k3-rocm servers, built with Grafana Labs'
+typed builders (grafana-foundation-sdk, generated from Grafana's schemas;
+the release for Grafana 11.6, compose.yaml's image).
 
     python -m k3rocm.monitoring.dashboard \
         --output monitoring/grafana/dashboards/kimi-k3-rocm.json
@@ -14,26 +16,34 @@ import json
 import sys
 from pathlib import Path
 
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard as builders
+from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as models
+from grafana_foundation_sdk.models import prometheus as prometheus_models
+
 from k3rocm.monitoring import names as m
 from k3rocm.setting_table import STATUS_PORT
 
 UID = "kimi-k3-rocm"
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE = models.DataSourceRef(type_val="prometheus", uid="${datasource}")
 INSTANCE = 'instance=~"$instance"'
 WIDTH = 24  # Grafana's grid width
 STEP_KINDS_SELECTOR = f"{INSTANCE}, {m.REAL_STEPS_SELECTOR}"
 VERDICT_COLORS = ("green", "red", "yellow")  # in m.VERDICT_TEXT's order
 VERDICT_MAPPINGS = [
-    {
-        "type": "value",
-        "options": {
-            str(value): {"text": text, "color": color, "index": index}
+    models.ValueMap(
+        {
+            str(value): models.ValueMappingResult(text=text, color=color, index=index)
             for index, ((value, text), color) in enumerate(
                 zip(m.VERDICT_TEXT.items(), VERDICT_COLORS, strict=True)
             )
-        },
-    }
+        }
+    )
 ]
+Panel = timeseries.Panel | stat.Panel | table.Panel
 
 
 def rate(metric: str, selector: str = INSTANCE) -> str:
@@ -47,33 +57,48 @@ def quantile(q: float, histogram: str, by: str, selector: str = INSTANCE) -> str
     )
 
 
-def target(ref: str, expr: str, legend: str, **extra) -> dict:
-    return {
-        "refId": ref,
-        "datasource": DATASOURCE,
-        "expr": expr,
-        "legendFormat": legend,
-        **extra,
-    }
+def target(ref: str, expr: str, legend: str) -> prometheus.Dataquery:
+    return (
+        prometheus.Dataquery()
+        .ref_id(ref)
+        .datasource(DATASOURCE)
+        .expr(expr)
+        .legend_format(legend)
+    )
 
 
-def timeseries(title: str, unit: str, targets: list[dict], description: str) -> dict:
-    return {
-        "type": "timeseries",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-        "options": {
-            "legend": {"displayMode": "table", "placement": "bottom"},
-            "tooltip": {"mode": "multi", "sort": "desc"},
-        },
-        "targets": targets,
-    }
+def with_targets(panel: Panel, *targets: prometheus.Dataquery) -> Panel:
+    for query in targets:
+        panel = panel.with_target(query)
+    return panel
 
 
-def latency_panel(title: str, histogram: str, description: str) -> dict:
-    return timeseries(
+def series(
+    title: str, unit: str, targets: list[prometheus.Dataquery], description: str
+) -> timeseries.Panel:
+    panel = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .legend(
+            common_builders.VizLegendOptions()
+            .display_mode(common.LegendDisplayMode.TABLE)
+            .placement(common.LegendPlacement.BOTTOM)
+            .show_legend(True)
+        )
+        .tooltip(
+            common_builders.VizTooltipOptions()
+            .mode(common.TooltipDisplayMode.MULTI)
+            .sort(common.SortOrder.DESCENDING)
+        )
+    )
+    return with_targets(panel, *targets)
+
+
+def latency_panel(title: str, histogram: str, description: str) -> timeseries.Panel:
+    return series(
         title,
         "s",
         [
@@ -84,69 +109,76 @@ def latency_panel(title: str, histogram: str, description: str) -> dict:
     )
 
 
-def panels() -> list[list[tuple[int, int, dict]]]:
+def stat_panel(
+    title: str, description: str, expr: str, legend: str, text_mode
+) -> stat.Panel:
+    panel = (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .text_mode(text_mode)
+    )
+    return with_targets(panel, target("A", expr, legend))
+
+
+def panels() -> list[list[tuple[int, int, Panel]]]:
     """Rows of (width, height, panel), laid out left to right."""
     step = m.STEP_DURATION
-    build_info = {
-        "type": "table",
-        "title": "Build",
-        "description": "vLLM version, applied patch series (none: unpatched), "
-        f"image tag and ROCm version of each server ({m.BUILD_INFO}).",
-        "datasource": DATASOURCE,
-        "targets": [
-            target(
-                "A",
-                f"{m.BUILD_INFO}{{{INSTANCE}}}",
-                "",
-                instant=True,
-                format="table",
+    build_info = (
+        table.Panel()
+        .title("Build")
+        .description(
+            "vLLM version, applied patch series (none: unpatched), image tag and "
+            f"ROCm version of each server ({m.BUILD_INFO})."
+        )
+        .datasource(DATASOURCE)
+        .with_target(
+            target("A", f"{m.BUILD_INFO}{{{INSTANCE}}}", "")
+            .instant()
+            .format(prometheus_models.PromQueryFormat.TABLE)
+        )
+        .with_transformation(
+            models.DataTransformerConfig(
+                id_val="organize",
+                options={"excludeByName": {"Time": True, "Value": True}},
             )
-        ],
-        "transformations": [
-            {
-                "id": "organize",
-                "options": {"excludeByName": {"Time": True, "Value": True}},
-            }
-        ],
-    }
-    smoke = {
-        "type": "stat",
-        "title": "Smoke verdict (stall-free prefill path)",
-        "description": f"{m.SMOKE_VERDICT}: 1 pass, 0 fail, -1 no verdict yet.",
-        "datasource": DATASOURCE,
-        "fieldConfig": {
-            "defaults": {"mappings": VERDICT_MAPPINGS, "unit": "none"},
-            "overrides": [],
-        },
-        "options": {"colorMode": "background", "textMode": "value_and_name"},
-        "targets": [target("A", f"{m.SMOKE_VERDICT}{{{INSTANCE}}}", "{{instance}}")],
-    }
-    phase = {
-        "type": "stat",
-        "title": "Start-up phase",
-        "description": f"{m.CONTAINER_PHASE}, from the container's own endpoint "
-        f"(port {STATUS_PORT.default}), up before vLLM serves: stage1, loading, "
-        "stage2, serving, "
-        "draining, stopping.",
-        "datasource": DATASOURCE,
-        "options": {"colorMode": "none", "textMode": "name"},
-        "targets": [
-            target("A", f"{m.CONTAINER_PHASE}{{{INSTANCE}}} == 1", "{{phase}}")
-        ],
-    }
-    time_in_phase = {
-        "type": "stat",
-        "title": "Time in phase",
-        "description": f"{m.CONTAINER_PHASE_SECONDS}; KimiK3LoadSlow fires when a "
-        "start-up phase outlasts K3_LOAD_ALERT_SECONDS.",
-        "datasource": DATASOURCE,
-        "fieldConfig": {"defaults": {"unit": "s"}, "overrides": []},
-        "options": {"colorMode": "none", "textMode": "value_and_name"},
-        "targets": [
-            target("A", f"{m.CONTAINER_PHASE_SECONDS}{{{INSTANCE}}}", "{{phase}}")
-        ],
-    }
-    step_latency = timeseries(
+        )
+    )
+    smoke = (
+        stat_panel(
+            "Smoke verdict (stall-free prefill path)",
+            f"{m.SMOKE_VERDICT}: 1 pass, 0 fail, -1 no verdict yet.",
+            f"{m.SMOKE_VERDICT}{{{INSTANCE}}}",
+            "{{instance}}",
+            common.BigValueTextMode.VALUE_AND_NAME,
+        )
+        .mappings(VERDICT_MAPPINGS)
+        .unit("none")
+        .color_mode(common.BigValueColorMode.BACKGROUND)
+    )
+    phase = stat_panel(
+        "Start-up phase",
+        f"{m.CONTAINER_PHASE}, from the container's own endpoint (port "
+        f"{STATUS_PORT.default}), up before vLLM serves: stage1, loading, stage2, "
+        "serving, draining, stopping.",
+        f"{m.CONTAINER_PHASE}{{{INSTANCE}}} == 1",
+        "{{phase}}",
+        common.BigValueTextMode.NAME,
+    ).color_mode(common.BigValueColorMode.NONE)
+    time_in_phase = (
+        stat_panel(
+            "Time in phase",
+            f"{m.CONTAINER_PHASE_SECONDS}; KimiK3LoadSlow fires when a start-up "
+            "phase outlasts K3_LOAD_ALERT_SECONDS.",
+            f"{m.CONTAINER_PHASE_SECONDS}{{{INSTANCE}}}",
+            "{{phase}}",
+            common.BigValueTextMode.VALUE_AND_NAME,
+        )
+        .unit("s")
+        .color_mode(common.BigValueColorMode.NONE)
+    )
+    step_latency = series(
         "Engine step latency by kind",
         "s",
         [
@@ -164,7 +196,7 @@ def panels() -> list[list[tuple[int, int, dict]]]:
         f"Wall time of one engine step ({m.STEP_DURATION}). "
         "The stall-free prefill path shortens prefill and mixed steps.",
     )
-    steps_per_second = timeseries(
+    steps_per_second = series(
         "Engine steps per second by kind",
         "ops",
         [
@@ -176,14 +208,12 @@ def panels() -> list[list[tuple[int, int, dict]]]:
         ],
         f"{m.STEPS_TOTAL}, without data-parallel dummy steps.",
     )
-    tokens_per_second = timeseries(
+    tokens_per_second = series(
         "Scheduled tokens per second by step kind",
         "short",
         [
             target(
-                "A",
-                f"sum by (kind) ({rate(m.CONTEXT_TOKENS)})",
-                "{{kind}} context",
+                "A", f"sum by (kind) ({rate(m.CONTEXT_TOKENS)})", "{{kind}} context"
             ),
             target(
                 "B",
@@ -193,7 +223,7 @@ def panels() -> list[list[tuple[int, int, dict]]]:
         ],
         "Context (prompt) and generation tokens the scheduler gave each kind of step.",
     )
-    requests = timeseries(
+    requests = series(
         "Running and waiting requests",
         "short",
         [
@@ -210,7 +240,7 @@ def panels() -> list[list[tuple[int, int, dict]]]:
         ],
         "vLLM's scheduler queues: requests in the batch and requests waiting.",
     )
-    progress = timeseries(
+    progress = series(
         "Engine progress",
         "short",
         [
@@ -230,127 +260,97 @@ def panels() -> list[list[tuple[int, int, dict]]]:
         "watchdog captures stacks and restarts the container after "
         "K3_STALL_SECONDS (alert KimiK3EngineStalled at half of it).",
     )
-    kv_cache = timeseries(
-        "KV cache usage",
-        "percentunit",
-        [
-            target(
-                "A",
-                f"max by (instance, engine) ({m.KV_CACHE_USAGE}{{{INSTANCE}}})",
-                "{{instance}} engine {{engine}}",
-            )
-        ],
-        f"Fraction of KV cache blocks in use ({m.KV_CACHE_USAGE}).",
+    kv_cache = (
+        series(
+            "KV cache usage",
+            "percentunit",
+            [
+                target(
+                    "A",
+                    f"max by (instance, engine) ({m.KV_CACHE_USAGE}{{{INSTANCE}}})",
+                    "{{instance}} engine {{engine}}",
+                )
+            ],
+            f"Fraction of KV cache blocks in use ({m.KV_CACHE_USAGE}).",
+        )
+        .min(0)
+        .max(1)
     )
-    kv_cache["fieldConfig"]["defaults"].update(min=0, max=1)
+    latencies = [
+        (8, 8, latency_panel(title, metric, f"{metric}, p50 and p99."))
+        for title, metric in (
+            ("Time to first token", "vllm:time_to_first_token_seconds"),
+            ("Inter-token latency", "vllm:inter_token_latency_seconds"),
+            ("End-to-end request latency", "vllm:e2e_request_latency_seconds"),
+        )
+    ]
     return [
         [(10, 6, build_info), (5, 6, smoke), (5, 6, phase), (4, 6, time_in_phase)],
         [(WIDTH, 9, step_latency)],
         [(12, 8, steps_per_second), (12, 8, tokens_per_second)],
-        [
-            (
-                8,
-                8,
-                latency_panel(
-                    "Time to first token",
-                    "vllm:time_to_first_token_seconds",
-                    "vllm:time_to_first_token_seconds, p50 and p99.",
-                ),
-            ),
-            (
-                8,
-                8,
-                latency_panel(
-                    "Inter-token latency",
-                    "vllm:inter_token_latency_seconds",
-                    "vllm:inter_token_latency_seconds, p50 and p99.",
-                ),
-            ),
-            (
-                8,
-                8,
-                latency_panel(
-                    "End-to-end request latency",
-                    "vllm:e2e_request_latency_seconds",
-                    "vllm:e2e_request_latency_seconds, p50 and p99.",
-                ),
-            ),
-        ],
+        latencies,
         [(8, 8, requests), (8, 8, progress), (8, 8, kv_cache)],
     ]
 
 
-def templating() -> dict:
+def variables() -> list:
     # Both scrape jobs: the container's is up while vLLM still loads.
     instances = f'label_values(up{{job=~"{"|".join(m.JOBS)}"}}, instance)'
-    return {
-        "list": [
-            {
-                "name": "datasource",
-                "label": "Data source",
-                "type": "datasource",
-                "query": "prometheus",
-                "current": {},
-                "hide": 0,
-                "refresh": 1,
-            },
-            {
-                "name": "instance",
-                "label": "Instance",
-                "type": "query",
-                "datasource": DATASOURCE,
-                "definition": instances,
-                "query": {"query": instances, "refId": "instances"},
-                "multi": True,
-                "includeAll": True,
-                "allValue": ".*",
-                "current": {},
-                "hide": 0,
-                "refresh": 2,
-                "sort": 1,
-            },
-        ]
-    }
+    return [
+        builders.DatasourceVariable("datasource")
+        .label("Data source")
+        .type("prometheus")
+        .hide(models.VariableHide.DONT_HIDE),
+        builders.QueryVariable("instance")
+        .label("Instance")
+        .datasource(DATASOURCE)
+        .query({"query": instances, "refId": "instances"})
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .hide(models.VariableHide.DONT_HIDE)
+        .refresh(models.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(models.VariableSort.ALPHABETICAL_ASC),
+    ]
 
 
-def dashboard() -> dict:
-    laid_out = []
-    y = 0
-    panel_id = 1
+def builder() -> builders.Dashboard:
+    board = (
+        builders.Dashboard("Kimi-K3 on ROCm: engine steps and serving")
+        .uid(UID)
+        .description(
+            "Engine step latency from the k3rocm vLLM plugin next to vLLM's own "
+            "serving metrics."
+        )
+        .tags(["kimi-k3", "vllm", "rocm"])
+        .editable()
+        .tooltip(models.DashboardCursorSync.CROSSHAIR)
+        .version(1)
+        .time("now-1h", "now")
+        .refresh("30s")
+    )
+    for variable in variables():
+        board = board.with_variable(variable)
+    y, panel_id = 0, 1
     for row in panels():
         x = 0
         for width, height, panel in row:
-            laid_out.append(
-                {
-                    "id": panel_id,
-                    "gridPos": {"x": x, "y": y, "w": width, "h": height},
-                    **panel,
-                }
-            )
+            grid = models.GridPos(h=height, w=width, x=x, y=y)
+            board = board.with_panel(panel.id(panel_id).grid_pos(grid))
             panel_id += 1
             x += width
         assert x == WIDTH, f"row at y={y} is {x} wide, not {WIDTH}"
         y += max(height for _, height, _ in row)
-    return {
-        "uid": UID,
-        "title": "Kimi-K3 on ROCm: engine steps and serving",
-        "description": "Engine step latency from the k3rocm vLLM plugin next to "
-        "vLLM's own serving metrics.",
-        "tags": ["kimi-k3", "vllm", "rocm"],
-        "editable": True,
-        "graphTooltip": 1,
-        "schemaVersion": 39,
-        "version": 1,
-        "time": {"from": "now-1h", "to": "now"},
-        "refresh": "30s",
-        "templating": templating(),
-        "annotations": {"list": []},
-        "panels": laid_out,
-    }
+    return board
+
+
+def dashboard() -> dict:
+    """The dashboard's JSON model, as Grafana reads it."""
+    return json.loads(JSONEncoder().encode(builder().build()))
 
 
 def render() -> str:
-    return json.dumps(dashboard(), indent=2) + "\n"
+    return json.dumps(dashboard(), indent=2, sort_keys=True) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
