@@ -74,16 +74,23 @@ class RunFile:
     meaning: str
     lifetime: str
 
+    # The modules join it to the run directory as they would its name.
+    def __fspath__(self) -> str:
+        return self.name
+
+    def __str__(self) -> str:
+        return self.name
+
 
 _UNTIL_NEXT_START = "until the container's next start"
-STAGE1_GATE_FILE = RunFile(
+STAGE1_GATE = RunFile(
     "stage1-done",
     "k3rocm.smoke",
     "k3rocm.container.supervise serve; k3rocm.container.status",
     "Smoke stage 1 is over (its verdict inside); vLLM may start.",
     _UNTIL_NEXT_START,
 )
-READY_FILE = RunFile(
+READY_MARK = RunFile(
     "ready",
     "k3rocm.smoke",
     "k3rocm.container.health; k3rocm.container.status",
@@ -91,7 +98,7 @@ READY_FILE = RunFile(
     "fail under K3_SMOKE_ON_FAILURE=warn); the health check needs it.",
     _UNTIL_NEXT_START,
 )
-SMOKE_REPORT_FILE = RunFile(
+SMOKE_REPORT_NAME = RunFile(
     "smoke-report.json",
     "k3rocm.smoke",
     "k3rocm.plugin.smoke_verdict (metrics plugin); k3rocm.container.status; "
@@ -100,7 +107,7 @@ SMOKE_REPORT_FILE = RunFile(
     "may put it elsewhere).",
     _UNTIL_NEXT_START,
 )
-DRAIN_FILE = RunFile(
+DRAIN_MARK = RunFile(
     "draining",
     "k3rocm.container.supervise run (k3rocm.container.drain)",
     "k3rocm.container.drain in vLLM's API server; k3rocm.container.health; "
@@ -108,7 +115,7 @@ DRAIN_FILE = RunFile(
     "A stop is draining: new requests get 503 until the deadline inside.",
     "from the stop signal to the container's exit",
 )
-EXIT_REASON_FILE = RunFile(
+REASON_FILE = RunFile(
     "exit-reason.json",
     "k3rocm.container.supervise listen (the guard)",
     "k3rocm.container.supervise run; k3rocm.container.status",
@@ -116,7 +123,7 @@ EXIT_REASON_FILE = RunFile(
     "until the next start, which refuses to load again when it records a "
     "failed smoke test",
 )
-STALL_FILE = RunFile(
+STALL_MARK = RunFile(
     "stalled",
     "k3rocm.container.watchdog",
     "k3rocm.container.health; k3rocm.container.watchdog",
@@ -124,14 +131,14 @@ STALL_FILE = RunFile(
     "(JSON); the container is capturing stacks and about to exit 5.",
     "from the stall to the container's exit",
 )
-VLLM_DEATHS_FILE = RunFile(
+DEATHS_FILE = RunFile(
     "vllm-deaths",
     "k3rocm.container.supervise listen (the guard)",
     "k3rocm.container.supervise listen (the guard)",
     "vLLM deaths so far, so that a restarted guard keeps the count.",
     _UNTIL_NEXT_START,
 )
-VLLM_PGID_FILE = RunFile(
+VLLM_GROUP_FILE = RunFile(
     "vllm.pgid",
     "k3rocm.container.supervise serve",
     "k3rocm.container.supervise serve; k3rocm.container.watchdog; "
@@ -141,24 +148,15 @@ VLLM_PGID_FILE = RunFile(
     "replaced by each vLLM start",
 )
 RUN_FILES = (
-    STAGE1_GATE_FILE,
-    READY_FILE,
-    SMOKE_REPORT_FILE,
-    DRAIN_FILE,
-    EXIT_REASON_FILE,
-    STALL_FILE,
-    VLLM_DEATHS_FILE,
-    VLLM_PGID_FILE,
+    STAGE1_GATE,
+    READY_MARK,
+    SMOKE_REPORT_NAME,
+    DRAIN_MARK,
+    REASON_FILE,
+    STALL_MARK,
+    DEATHS_FILE,
+    VLLM_GROUP_FILE,
 )
-# The names as the modules join them to the run directory.
-STAGE1_GATE = STAGE1_GATE_FILE.name
-READY_MARK = READY_FILE.name
-SMOKE_REPORT_NAME = SMOKE_REPORT_FILE.name
-DRAIN_MARK = DRAIN_FILE.name
-REASON_FILE = EXIT_REASON_FILE.name
-STALL_MARK = STALL_FILE.name
-DEATHS_FILE = VLLM_DEATHS_FILE.name
-VLLM_GROUP_FILE = VLLM_PGID_FILE.name
 
 
 def run_files_table() -> str:
