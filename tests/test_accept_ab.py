@@ -102,14 +102,16 @@ def test_arguments_after_the_separator_go_to_accept():
     assert split_arguments(["--rounds", "3"]) == (["--rounds", "3"], [])
 
 
-def test_bad_options_are_one_line_errors():
+def test_bad_options_are_one_line_errors(tmp_path):
     for args in (["--rounds", "0"], ["--compose", "no-such-compose-command"]):
         done = subprocess.run(
             [sys.executable, str(REPO / "scripts" / "accept-ab"), *args],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True, text=True, timeout=60, cwd=tmp_path,
         )  # fmt: skip
         assert done.returncode == 2, done.stderr
         assert "Traceback" not in done.stderr
+        # Nothing is left behind: no empty report directory.
+        assert list(tmp_path.iterdir()) == []
         assert done.stderr.strip().splitlines()[-1].startswith("k3rocm.accept-ab: ")
 
 

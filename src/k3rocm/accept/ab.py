@@ -13,6 +13,7 @@ and ``docker inspect``; nothing of vLLM is needed here."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import statistics
@@ -247,6 +248,8 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
         rows = compare(runs, args.min_change)
     except AbError as err:
         log(f"stopped: {err}")
+        with contextlib.suppress(OSError):
+            out.rmdir()  # only if no round got as far as a report
         return 2
     accuracy, accurate = accuracy_line(runs)
     text = "\n".join(
