@@ -1,9 +1,10 @@
-"""The smoke test's report, the one schema of that hand-over file: checks,
-stages and the verdict, written as JSON by the smoke test and read back by
-the metrics plugin's verdict gauge and the container's start-up metrics
-(through ``verdict_number``, the one verdict-to-number mapping). A reader
-gets a number for any content: a report of any size or type is at worst
-"no verdict"."""
+"""What the smoke test hands over, one schema each: its report (checks,
+stages and the verdict, as JSON), read back by the metrics plugin's verdict
+gauge and the container's start-up metrics through ``verdict_number``, the
+one verdict-to-number mapping; and its two marks in the run directory, the
+stage-1 gate and the ready mark, each one verdict word. A reader gets an
+answer for any content: a report of any size or type is at worst "no
+verdict"."""
 
 from __future__ import annotations
 
@@ -95,3 +96,14 @@ def reported_verdict(document: object, stage: str | None = None) -> int:
     stages = document.get("stages")
     found = stages.get(stage) if isinstance(stages, dict) else None
     return verdict_number(found.get("status") if isinstance(found, dict) else None)
+
+
+def write_mark(path: Path, verdict: Verdict) -> None:
+    """A verdict mark (the stage-1 gate, the ready mark): one word."""
+    path.write_text(verdict + "\n")
+
+
+def read_mark(path: Path) -> str:
+    """A verdict mark's word, as written (a mark of any size reads short);
+    OSError when there is none."""
+    return path.read_bytes()[:200].decode(errors="replace").strip()

@@ -24,6 +24,7 @@ from k3rocm.contract import (
     run_dir,
 )
 from k3rocm.engine_progress import read_stall_mark
+from k3rocm.smoke_report import read_mark
 
 
 def check(directory: Path, base_url: str) -> tuple[bool, str]:
@@ -69,7 +70,7 @@ def _not_ready(directory: Path) -> str | None:
 
 
 def _verdict(directory: Path) -> str:
-    return (directory / READY_MARK).read_bytes()[:200].decode(errors="replace").strip()
+    return read_mark(directory / READY_MARK)
 
 
 def main() -> int:

@@ -60,6 +60,7 @@ from k3rocm.smoke_report import (
     VERDICT_FAIL,
     VERDICT_PASS,
     VERDICT_PENDING,
+    read_mark,
     reported_verdict,
 )
 from k3rocm.states import Verdict
@@ -99,12 +100,12 @@ def stage1_verdict(directory: Path, report: Path) -> int:
     """From the stage-1 gate (written when vLLM may start), else from the
     report (a stage 1 failed under `stop` writes no gate)."""
     try:
-        gate = (directory / STAGE1_GATE).read_bytes()[:20].strip()
+        gate = read_mark(directory / STAGE1_GATE)
     except OSError:
-        gate = b""
+        gate = ""
     if gate:
         # A gate is written whole, pass or fail; anything else is no pass.
-        return VERDICT_PASS if gate == Verdict.PASS.encode() else VERDICT_FAIL
+        return VERDICT_PASS if gate == Verdict.PASS else VERDICT_FAIL
     try:
         return reported_verdict(read_json_file(report), "stage1")
     except (FileNotFoundError, UnreadableJson):

@@ -16,7 +16,7 @@ from k3rocm.smoke.settings import Settings
 from k3rocm.smoke.stage1 import run_stage1
 from k3rocm.smoke.stage2 import run_stage2
 from k3rocm.smoke.timeouts import exit_code, run_with_timeout
-from k3rocm.smoke_report import Report, Stage
+from k3rocm.smoke_report import Report, Stage, write_mark
 from k3rocm.states import FailurePolicy, Verdict
 
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     if stage1.status == Verdict.FAIL and settings.policy == FailurePolicy.STOP:
         return exit_code(finish(report, settings, serving=True), stage1_in_time)
     # vLLM may start now (see `python -m k3rocm.container.supervise serve`).
-    settings.stage1_gate.write_text(stage1.status + "\n")
+    write_mark(settings.stage1_gate, stage1.status)
 
     report.stages["stage2"] = stage2 = Stage()
     # A headless node has no API to ask; it proves that it joined node 0.

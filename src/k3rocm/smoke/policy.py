@@ -11,7 +11,7 @@ from pathlib import Path
 
 from k3rocm.container.forensics import forensics_dir
 from k3rocm.smoke.settings import Settings
-from k3rocm.smoke_report import Report, now
+from k3rocm.smoke_report import Report, now, write_mark
 from k3rocm.states import FailurePolicy, Verdict
 
 
@@ -40,7 +40,7 @@ def finish(report: Report, settings: Settings, serving: bool) -> int:
     report.finished_at = now()
     report.write(settings.report)
     if serving and (not failed or settings.policy == FailurePolicy.WARN):
-        settings.ready_mark.write_text(report.verdict + "\n")
+        write_mark(settings.ready_mark, report.verdict)
     print(report.summary(), flush=True)
     if not failed:
         return 0
