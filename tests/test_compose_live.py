@@ -198,6 +198,21 @@ def test_the_server_comes_up_healthy_with_its_api_key(project):
     assert status == 200, answer
 
 
+def test_the_probes_stay_out_of_the_access_log(project):
+    """The health check, Prometheus and the watchdog ask /health and /metrics
+    every few seconds; vLLM's access log keeps the API's requests only."""
+    server = project["server"]
+    wait_for("healthy server", lambda: health(server) == "healthy", 480)
+    body = {"model": "kimi-k3", "prompt": "a b", "max_tokens": 2}
+    key = {"Authorization": f"Bearer {SECRETS['api_key']}"}
+    assert http(f"{project['api']}/v1/completions", body, headers=key)[0] == 200
+    logs = docker("logs", server, check=False)
+    text = logs.stdout + logs.stderr
+    assert '"POST /v1/completions HTTP/1.1" 200' in text, text[-3000:]
+    assert '"GET /metrics HTTP/1.1"' not in text
+    assert '"GET /health HTTP/1.1"' not in text
+
+
 def test_prometheus_scrapes_the_server_and_loaded_the_rules(project):
     prometheus = project["prometheus"]
 

@@ -519,9 +519,15 @@ def test_two_node_commands_agree(vllm_parsers, capsys, profile):
     # Only the node serving the API drains it on stop.
     assert rank0["middleware"] == ["k3rocm.container.drain.DrainMiddleware"]
     assert rank1["middleware"] == []
+    # ... and keeps the probes' requests out of its access log.
+    quiet = "disable_access_log_for_endpoints"
+    assert (rank0[quiet], rank1[quiet]) == ("/health,/metrics", None)
     # Everything else, the model and the recipe included, is the same, but
     # for --disable-log-stats, which only tep16's node 0 (one API server) has.
-    differing = {key for key in rank0 if rank0[key] != rank1[key]} - {"middleware"}
+    differing = {key for key in rank0 if rank0[key] != rank1[key]} - {
+        "middleware",
+        quiet,
+    }
     if profile == "tep16":
         assert differing == {"node_rank", "headless", "disable_log_stats"}
         assert (rank0["disable_log_stats"], rank1["disable_log_stats"]) == (

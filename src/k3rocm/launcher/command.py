@@ -78,6 +78,9 @@ def build_launch(
     )
     if _serves_api(settings):
         lines.append(("--middleware", DRAIN_MIDDLEWARE))
+        # The health check, Prometheus and the stall watchdog ask these every
+        # few seconds; their access lines would bury the API's.
+        lines.append(("--disable-access-log-for-endpoints", QUIET_ENDPOINTS))
     lines += _flag_lines(settings.extra_args)
     if api_key is not None:
         env.append((API_KEY_ENV, api_key))
@@ -90,6 +93,7 @@ def _serves_api(settings: LaunchSettings) -> bool:
     return not (native and settings.node_rank)
 
 
+QUIET_ENDPOINTS = "/health,/metrics"
 # vLLM 0.27.1 spellings of --api-server-count (it also reads _ for -).
 API_SERVER_COUNT_FLAGS = ("--api-server-count", "--api_server_count", "-asc")
 
