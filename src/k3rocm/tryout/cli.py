@@ -29,6 +29,7 @@ import urllib.request
 from pathlib import Path
 
 from k3rocm.series import shipped_series
+from k3rocm.setting_table import MODEL, STOP_GRACE_SECONDS
 from k3rocm.supply_chain.image import image_tag
 from k3rocm.tryout.cpu import CPU_SETTINGS, SERVER, SERVICES
 
@@ -123,11 +124,11 @@ def prepare(state: Path, image: str, args: argparse.Namespace) -> None:
         **CPU_SETTINGS,
         "K3_IMAGE": image,
         "K3_MODELS_DIR": str(model),
-        "K3_MODEL": "/models",
+        MODEL.env: "/models",
         "K3_API_PORT": str(args.api_port),
         "PROMETHEUS_PORT": str(args.prometheus_port),
         "ALERTMANAGER_PORT": str(args.alertmanager_port),
-        "K3_STOP_GRACE_SECONDS": "60",
+        STOP_GRACE_SECONDS.env: "60",
         # Grafana is not started; its secret must still name a file.
         "GRAFANA_ADMIN_PASSWORD_SECRET": str(REPO / "secrets" / "empty"),
     }

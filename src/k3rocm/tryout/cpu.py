@@ -1,6 +1,9 @@
 """What makes a cpu-dev server of the tiny model (no YAML needed: the host
 side of the try-out runs on any Python 3.11)."""
 
+from k3rocm.setting_table import EXTRA_ARGS, PROFILE, SMOKE_LOAD_TIMEOUT
+from k3rocm.setting_table import MAX_MODEL_LEN as MAX_MODEL_LEN_SETTING
+
 MAX_MODEL_LEN = 512
 # Flags that make the tiny model (k3rocm.tryout.tiny_model) start quickly on
 # a 2-core CPU machine.
@@ -22,11 +25,11 @@ CPU_SERVER_ENV = {**SERVE_ENV, "TRITON_INTERPRET": "1"}
 # The settings of a cpu-dev server on the tiny model (the container's own
 # variables, through .env as an operator sets them).
 CPU_SETTINGS = {
-    "K3_PROFILE": "cpu-dev",
-    "K3_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+    PROFILE.env: "cpu-dev",
+    MAX_MODEL_LEN_SETTING.env: str(MAX_MODEL_LEN),
     # SERVE_ARGS less the length, which K3_MAX_MODEL_LEN sets.
-    "K3_EXTRA_ARGS": "--load-format dummy --enforce-eager --dtype float32",
-    "K3_SMOKE_LOAD_TIMEOUT": "600",
+    EXTRA_ARGS.env: "--load-format dummy --enforce-eager --dtype float32",
+    SMOKE_LOAD_TIMEOUT.env: "600",
 }
 # The services the try-out starts: Grafana's dashboard needs nothing a CPU
 # machine lacks to be looked at, and its image is the largest.
