@@ -395,6 +395,11 @@ class Load:
             1 for s in self.current if s is not None and s.events >= 2 and not s.done
         )
 
+    def in_flight(self) -> int:
+        """Streams sent and not yet ended (their request is with the server,
+        whether or not tokens came back yet)."""
+        return sum(1 for s in self.current if s is not None and s.is_alive())
+
     def stop(self, timeout: float = 300) -> list[Stream]:
         """Stop starting streams; every stream it ran, once all have ended."""
         self.stopping.set()
