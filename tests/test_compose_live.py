@@ -419,7 +419,7 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
     # are the ones logged from the stop on.
     started, stopped_at = time.monotonic(), time.time()
     signal_process(server, pid, "STOP")
-    assert load.running() > 0, "no stream under way at the stop"
+    assert load.in_flight() > 0, "no stream under way at the stop"
     wait_for(
         "the stop for a stall",
         lambda: (

@@ -146,7 +146,7 @@ def test_a_worker_stopped_on_node_1_stalls_node_0_and_both_exit_with_reasons(
         ]
         load = Load(node0.base_url, 2)
         signal_process(node1.name, worker, "STOP")
-        assert load.running() > 0, "no stream under way at the stop"
+        assert load.in_flight() > 0, "no stream under way at the stop"
         assert node0.wait_exit(STALL_SECONDS + 120) == 5
         reasons = stop_reasons(node0)
         assert len(reasons) == 1 and "the engine stalled" in reasons[0], reasons
