@@ -9,9 +9,12 @@ on it (scripts/build-image, as operators build), makes the tiny model the
 tests use, derives the CPU stack from compose.yaml (k3rocm.tryout.stack, run
 inside the image), brings up the server, Prometheus and Alertmanager with
 Compose, waits for the server's health check (smoke test passed), sends one
-completion and prints where everything answers. Needs Docker with Compose
-(`docker compose` or `docker-compose`) and Python 3.11; nothing else on the
-host. The API has no key here and listens on 127.0.0.1 only.
+completion and prints where everything answers. Needs, as root, Docker with
+Compose (`docker compose` or `docker-compose`), Python 3.11 with pip and
+`debootstrap` (scripts/standin-base builds the base from Debian's packages
+and wheels fetched on the host), with PyPI and Debian reachable; YAML is
+read inside the image. The API has no key here and listens on 127.0.0.1
+only.
 """
 
 from __future__ import annotations
