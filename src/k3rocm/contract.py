@@ -186,13 +186,20 @@ class BadAddress(ValueError):
 
 
 def api_base_url(environ: Mapping[str, str]) -> str:
-    """``http://HOST:PORT`` of the API server: loopback when vLLM listens on
-    every address, else the address it listens on."""
+    """``http://HOST:PORT`` of the API server (api_url of K3_HOST and
+    K3_PORT)."""
     host = HOST.read(environ)
     try:
         port = PORT.read(environ)
     except SettingError as err:
         raise BadAddress(str(err)) from None
+    return api_url(host, port)
+
+
+def api_url(host: str, port: int) -> str:
+    """``http://HOST:PORT`` of an API server listening on host and port:
+    loopback when it listens on every address, else the address it listens
+    on."""
     if host in _ANY_ADDRESS:
         host = "127.0.0.1"
     elif ":" in host and not host.startswith("["):

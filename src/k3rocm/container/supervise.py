@@ -38,7 +38,7 @@ from pathlib import Path
 from k3rocm.container.drain import wait_drained, write_drain_mark
 from k3rocm.container.guard import EXIT_SMOKE, EXIT_USAGE, EXIT_VLLM, listen, log
 from k3rocm.container.jit_locks import sweep as sweep_jit_locks
-from k3rocm.container.stop_budget import StopBudget, budget_from_env
+from k3rocm.container.stop_budget import StopBudget
 from k3rocm.container.writable import problems as unwritable
 from k3rocm.contract import (
     DEATHS_FILE,
@@ -51,14 +51,17 @@ from k3rocm.contract import (
     STALL_MARK,
     VLLM_GROUP_FILE,
     StopReason,
-    api_base_url,
+    api_url,
     run_dir,
 )
 from k3rocm.launcher.__main__ import check as check_launch
 from k3rocm.setting_table import (
     CONTAINER_SETTINGS,
+    HOST,
+    PORT,
     RUN_DIR,
     SMOKE_STAGE1_TIMEOUT,
+    STOP_GRACE_SECONDS,
     SUPERVISORD_CONF,
     VLLM_MAX_RESTARTS,
     VLLM_START_SECONDS,
@@ -131,11 +134,11 @@ def run() -> int:
     _, _, problems = check_launch([], os.environ)
     problems += read_all(os.environ, CONTAINER_SETTINGS)[1]
     problems += unwritable(os.environ)
-    try:
-        budget = budget_from_env(os.environ)
-        base_url = api_base_url(os.environ)
-    except ValueError:
-        pass  # the launcher's check above has said why
+    # The launcher's check above reports these settings' problems; a refused
+    # one reads as its default here, and the start is refused below.
+    launch = read_all(os.environ, (STOP_GRACE_SECONDS, HOST, PORT))[0]
+    budget = StopBudget(launch[STOP_GRACE_SECONDS.name])
+    base_url = api_url(launch[HOST.name], launch[PORT.name])
     if problems:
         for problem in problems:
             log(f"cannot start: {problem}")
