@@ -34,8 +34,9 @@ from vllm_server import (
 from vllm_trees import SERIES, patched_tree
 
 from k3rocm.container import watchdog
-from k3rocm.contract import IMAGE_TAG_ENV, SMOKE_REPORT_ENV, vllm_metrics_args
+from k3rocm.contract import vllm_metrics_args
 from k3rocm.monitoring import dashboard
+from k3rocm.setting_table import IMAGE_TAG, SMOKE_REPORT
 from k3rocm.tryout.cpu import SERVE_ARGS, SERVE_ENV
 from k3rocm.tryout.tiny_model import (
     build_tiny_llama,
@@ -219,7 +220,7 @@ def start_server(
         tiny_model,
         workdir / "vllm.log",
         args=(*SERVE_ARGS, "--served-model-name", MODEL_NAME, *args),
-        env={**SERVE_ENV, SMOKE_REPORT_ENV: str(report), **env},
+        env={**SERVE_ENV, SMOKE_REPORT.env: str(report), **env},
     ) as server:
         # The first forward pass is slow (one-off set-up); keep it out of
         # the tests' measurements.
@@ -234,7 +235,7 @@ def single_server(tiny_model, tmp_path_factory):
         tiny_model,
         tmp_path_factory.mktemp("single"),
         vllm_metrics_args(single_api_server=True),
-        {"PYTHONPATH": str(patched_tree()), IMAGE_TAG_ENV: "test-image:1"},
+        {"PYTHONPATH": str(patched_tree()), IMAGE_TAG.env: "test-image:1"},
     )
 
 

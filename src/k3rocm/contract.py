@@ -12,24 +12,18 @@ from pathlib import Path
 
 from k3rocm.setting_table import (
     HOST,
-    IMAGE_TAG,
     PORT,
     RUN_DIR,
     SMOKE_REPORT,
     SettingError,
 )
 
-# Where the smoke test writes its JSON report (default: in the run directory,
-# see RUN_FILES below).
-SMOKE_REPORT_ENV = SMOKE_REPORT.env
-
 
 def smoke_report_path(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the smoke test writes its JSON report: K3_SMOKE_REPORT, by
+    default in the run directory (SMOKE_REPORT_NAME below)."""
     environ = os.environ if environ is None else environ
-    return Path(
-        environ.get(SMOKE_REPORT_ENV, "").strip()
-        or run_dir(environ) / SMOKE_REPORT_NAME
-    )
+    return SMOKE_REPORT.read(environ) or run_dir(environ) / SMOKE_REPORT_NAME
 
 
 # vLLM flags the step-latency metrics plugin (k3rocm.plugin.metrics) needs, for a
@@ -53,14 +47,6 @@ def vllm_metrics_args(*, single_api_server: bool) -> tuple[str, ...]:
     """The metrics flags for a `vllm serve` command that runs one API server
     in its own process (True) or several API servers or none (False)."""
     return VLLM_METRICS_ARGS if single_api_server else VLLM_METRICS_ARGS_MULTIPROCESS
-
-
-# The image's tag, set in the image; the metrics plugin reports it in
-# k3rocm_build_info.
-IMAGE_TAG_ENV = IMAGE_TAG.env
-
-RUN_DIR_ENV = RUN_DIR.env
-DEFAULT_RUN_DIR = RUN_DIR.default
 
 
 @dataclass(frozen=True)

@@ -557,7 +557,7 @@ IMAGE_TAG = Setting(
     "The image's tag (the Dockerfile sets it); k3rocm_build_info reports it.",
     IMAGE,
     shown="the image's",
-    readers=("contract",),
+    readers=("plugin.build_info",),
 )
 
 SETTINGS: tuple[Setting, ...] = tuple(

@@ -45,7 +45,6 @@ from k3rocm.contract import (
     DRAIN_MARK,
     READY_MARK,
     REASON_FILE,
-    SMOKE_REPORT_ENV,
     SMOKE_REPORT_NAME,
     STAGE1_GATE,
     STALL_MARK,
@@ -60,6 +59,7 @@ from k3rocm.setting_table import (
     HOST,
     PORT,
     RUN_DIR,
+    SMOKE_REPORT,
     SMOKE_STAGE1_TIMEOUT,
     STOP_GRACE_SECONDS,
     SUPERVISORD_CONF,
@@ -146,7 +146,7 @@ def run() -> int:
         return EXIT_USAGE
     os.environ[STOPWAIT_ENV] = str(budget.stopwait_seconds)
     directory = run_dir()
-    os.environ.setdefault(SMOKE_REPORT_ENV, str(directory / SMOKE_REPORT_NAME))
+    os.environ.setdefault(SMOKE_REPORT.env, str(directory / SMOKE_REPORT_NAME))
     directory.mkdir(parents=True, exist_ok=True)
     failed = _previous_smoke_failure(directory)
     if failed is not None:
@@ -159,7 +159,7 @@ def run() -> int:
         return EXIT_SMOKE
     for name in _STALE:
         (directory / name).unlink(missing_ok=True)
-    Path(os.environ[SMOKE_REPORT_ENV]).unlink(missing_ok=True)
+    Path(os.environ[SMOKE_REPORT.env]).unlink(missing_ok=True)
     # Before anything builds: a lock left by a build killed with an earlier
     # container would make this start wait for ever.
     try:

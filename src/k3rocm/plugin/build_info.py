@@ -19,12 +19,11 @@ from pathlib import Path
 import vllm
 from prometheus_client import CollectorRegistry, Gauge
 
-from k3rocm.contract import IMAGE_TAG_ENV
 from k3rocm.json_file import UnreadableJson, read_json_file
 from k3rocm.patchtool.patchset import Refusal, find_installed_target, inspect
 from k3rocm.rocm import DEFAULT_ROCM_ROOT, RocmVersionError, read_rocm_version
 from k3rocm.series import MARKER_NAME, Series, SeriesError, default_series_dir
-from k3rocm.setting_table import KDA_METADATA, KDA_METADATA_PATHS
+from k3rocm.setting_table import IMAGE_TAG, KDA_METADATA, KDA_METADATA_PATHS
 from k3rocm.states import PatchState
 
 log = logging.getLogger(__name__)
@@ -119,7 +118,7 @@ def build_info_labels() -> dict[str, str]:
     return {
         "vllm_version": vllm.__version__,
         "patch_series": patch_series_label(),
-        "image_tag": label_text(os.environ.get(IMAGE_TAG_ENV) or UNKNOWN),
+        "image_tag": label_text(os.environ.get(IMAGE_TAG.env) or UNKNOWN),
         "rocm_version": rocm_version(),
         "kda_metadata": kda_metadata_label(),
     }
