@@ -26,15 +26,15 @@ from k3rocm.tryout.cpu import CPU_SERVER_ENV, SERVER
 GPU_ONLY_KEYS = ("devices", "group_add", "ulimits", "build")
 
 
-def cpu_stack(compose: dict, images: Mapping[str, str] = {}) -> dict:
-    """compose.yaml's stack for a CPU machine; images replace the named
-    services' images."""
+def cpu_stack(compose: dict, images: Mapping[str, str] | None = None) -> dict:
+    """compose.yaml's stack for a CPU machine; images (none by default)
+    replace the named services' images."""
     stack = copy.deepcopy(compose)
     server = stack["services"][SERVER]
     for key in GPU_ONLY_KEYS:
         server.pop(key, None)
     server["environment"] = {**server["environment"], **CPU_SERVER_ENV}
-    for service, image in images.items():
+    for service, image in (images or {}).items():
         if service not in stack["services"]:
             raise ValueError(f"compose.yaml has no service {service!r}")
         stack["services"][service]["image"] = image
