@@ -5,7 +5,10 @@ follow it, and no other module in src/ names one of its variables."""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -171,9 +174,57 @@ def test_owned_flags_come_from_the_rows():
     assert OWNED_DESTS["model_tag"] == "model"
 
 
-def test_every_reader_named_by_a_row_exists():
-    import importlib.util
+TABLE_MODULE = "k3rocm.setting_table"
+# Each row by its Python name in the table.
+ROW_NAMES = {
+    id(value): name
+    for name, value in vars(setting_table).items()
+    if isinstance(value, setting_table.Setting)
+}
 
+
+def table_names_in(reader: str) -> tuple[set[str], set[str]]:
+    """What a reader module (every module of a package) takes from
+    k3rocm.setting_table, as ``from k3rocm.setting_table import NAME`` or
+    ``setting_table.NAME``, and the strings its code holds."""
+    spec = importlib.util.find_spec(f"k3rocm.{reader}")
+    assert spec is not None and spec.origin, f"no module k3rocm.{reader}"
+    if spec.submodule_search_locations:  # a package: all its modules
+        paths = sorted(
+            path
+            for location in spec.submodule_search_locations
+            for path in Path(location).rglob("*.py")
+        )
+    else:
+        paths = [Path(spec.origin)]
+    names: set[str] = set()
+    strings: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == TABLE_MODULE:
+                names.update(alias.name for alias in node.names)
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "setting_table"
+            ):
+                names.add(node.attr)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                strings.add(node.value)
+    return names, strings
+
+
+def test_every_reader_named_by_a_row_reads_it():
+    """Each module a row names as a reader takes the row from the table: by
+    its Python name, or, where it looks rows up by name (BY_NAME: the
+    launcher's resolver), by the row's name. A module that no longer reads
+    the setting fails, as does one that does not exist."""
+    stale = []
     for setting in SETTINGS:
         for reader in setting.readers:
-            assert importlib.util.find_spec(f"k3rocm.{reader}"), (setting.env, reader)
+            names, strings = table_names_in(reader)
+            if ROW_NAMES[id(setting)] not in names and not (
+                "BY_NAME" in names and setting.name in strings
+            ):
+                stale.append(f"{setting.env}: k3rocm.{reader}")
+    assert not stale, f"readers that do not read the setting: {stale}"

@@ -257,14 +257,13 @@ MODEL = _launcher(
     "model id. Values starting with `/`, `.` or `~`, and values naming an "
     "existing directory, are paths.",
     owns=("--model",),
-    readers=("launcher", "smoke"),
 )
 SERVED_MODEL_NAME = _launcher(
     "served_model_name",
     "kimi-k3",
     "Model name clients put in requests.",
     owns=("--served-model-name",),
-    readers=("launcher", "smoke", "container.watchdog"),
+    readers=("launcher", "container.watchdog"),
 )
 PROFILE = _launcher(
     "profile",
@@ -304,7 +303,7 @@ HOST = _launcher(
     "0.0.0.0",
     "Address the API listens on.",
     owns=("--host",),
-    readers=("launcher", "contract"),
+    readers=("launcher", "contract", "container.supervise"),
 )
 PORT = _launcher(
     "port",
@@ -312,7 +311,7 @@ PORT = _launcher(
     "Port the API listens on.",
     kind=Whole(1, 65535),
     owns=("--port",),
-    readers=("launcher", "contract"),
+    readers=("launcher", "contract", "container.supervise"),
 )
 API_KEY_FILE = _launcher(
     "api_key_file",
@@ -519,7 +518,7 @@ KDA_METADATA = Setting(
     'one image against itself (README, "Check it on your hardware").',
     CONTAINER,
     kind=OneOf(KDA_METADATA_PATHS),
-    readers=("smoke", "container.supervise", "plugin.build_info", "launcher", "accept"),
+    readers=("smoke", "plugin.build_info", "launcher", "accept"),
 )
 
 RUN_DIR = Setting(
@@ -539,7 +538,7 @@ SMOKE_REPORT = Setting(
     IMAGE,
     shown='in K3_RUN_DIR (docs/container.md, "The run directory")',
     kind=FilePath(),
-    readers=("contract",),
+    readers=("contract", "container.supervise"),
 )
 SUPERVISORD_CONF = Setting(
     "supervisord_conf",
