@@ -46,9 +46,6 @@ SERIES_MODULES = [
 # The last commit before the kernel became a source file (gpu_ablation.py
 # times its kernel as "previous").
 PREVIOUS = "35938ce"
-# The launched chunk KDA path as the second issue-22 run measured it
-# (tensors handed to the launches): gpu_kda_launch.py times it beside today's.
-SECOND_RUN = "b9d40d1"
 
 
 def copy(src_root: Path, dest_root: Path, files: list[str]) -> None:
@@ -85,9 +82,6 @@ def main() -> None:
     copy(installed_root(), BUNDLE / "pristine", KERNEL_FILES)
     copy(UPSTREAM_TREE, BUNDLE / "upstream", [SERIES_MODULE])
     save_previous_kernel()
-    code = git_show(SECOND_RUN, "src/k3rocm/kernels/kda_chunk_launch.py")
-    if code is not None:
-        (BUNDLE / f"kda_chunk_launch_{SECOND_RUN}.py").write_text(code)
     print(f"bundle in {BUNDLE}")
 
 

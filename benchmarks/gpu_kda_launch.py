@@ -16,11 +16,13 @@
    (padded forwards, raw_beta a strided view of the projection, gathered
    batches);
 5. host time per call in interleaved rounds: 0.27.1 (no metadata), k3.3
-   (the vendored path with the series' metadata) and k3.4 (launched);
-6. GPU and host time per call of k3.3, k3.4 and k3.4 as the second run
-   had it (its kda_chunk_launch.py, from gpu_bundle.py), in rotating blocks;
-7. the step model of gpu_bench.py with k3.3 against k3.4, alternating step
-   by step, with the paired statistic and the share of k3.4 steps in which
+   (the vendored path with the series' metadata) and k3.5 (launched; k3.5
+   is k3.4 with Akk's upper zeros written by the inter + solve kernel in
+   place of a zero-fill, patch 0007);
+6. GPU and host time per call of k3.3 and k3.5 in rotating blocks, and
+   each kernel's GPU time (the fill k3.3 issues included);
+7. the step model of gpu_bench.py with k3.3 against k3.5, alternating step
+   by step, with the paired statistic and the share of k3.5 steps in which
    the GPU waited for the host.
 
     python3 benchmarks/gpu_kda_launch.py        # needs .gpu/ (gpu_bundle.py)
@@ -31,7 +33,6 @@
 
 import ast
 import gc
-import importlib.util
 import json
 import math
 import os
@@ -62,10 +63,12 @@ from vllm.models.kimi_k3.amd.kda_metadata import (  # noqa: E402
 )
 from vllm.models.kimi_k3.amd.ops.third_party.kda import (  # noqa: E402
     chunk,
+    chunk_intra,
     kda_chunk_launch,
 )
 
 ROUNDS = gb.ROUNDS
+OURS = "k3.5"  # the launched path, as the series revision names it
 SHAPES = {
     "concurrency 8: 7 decodes + 1 x 1k prefill": [1] * 7 + [1024],
     "concurrency 16: 15 decodes + 1 x 1k prefill": [1] * 15 + [1024],
@@ -292,7 +295,7 @@ def breakdown(lens, reps=200) -> dict:
         plan.launches.update(original)
     launches = {s: statistics.median(v) * 1e6 for s, v in direct.items()}
     total = statistics.median(whole) * 1e6
-    out["launched (k3.4)"] = {
+    out[f"launched ({OURS})"] = {
         "whole call": total,
         "direct launches": launches,
         "sum of launches": sum(launches.values()),
@@ -458,7 +461,7 @@ def host_rounds(lens, calls=40) -> dict:
     that starts rotating), queue empty before each call; per round each
     side's median."""
     args = batch_args(lens, seed=1)
-    sides = {"0.27.1": legacy, "k3.3": vendored, "k3.4": launched}
+    sides = {"0.27.1": legacy, "k3.3": vendored, OURS: launched}
     values = {name: [] for name in sides}
     names = list(sides)
     for r in range(ROUNDS + 1):
@@ -480,7 +483,7 @@ def host_rounds(lens, calls=40) -> dict:
         if r:
             for name in sides:
                 values[name].append(statistics.median(samples[name]) * 1e6)
-    return gb.summarize(values, "k3.4", ["0.27.1", "k3.3"])
+    return gb.summarize(values, OURS, ["0.27.1", "k3.3"])
 
 
 def model_step(call, dev, host, inputs, wait_cycles):
@@ -572,38 +575,15 @@ def step_costs(lens, inputs, wait_cycles, call, reps=5) -> dict:
     }
 
 
-SECOND_RUN = "b9d40d1"  # gpu_bundle.py saves its kda_chunk_launch.py
-SECOND_RUN_SIDE = f"k3.4 as of the second run ({SECOND_RUN})"
-
-
-def second_run_module():
-    """kda_chunk_launch.py as the second issue-22 run measured it (tensors
-    handed to the launches), loaded beside today's with its own plans; None
-    without the file."""
-    path = HERE.parent / ".gpu" / f"kda_chunk_launch_{SECOND_RUN}.py"
-    if not path.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def variant_sides(layouts: bool = False) -> dict:
-    """k3.3 (the vendored call), k3.4 (launched, addresses handed to the
-    launches) and, where the bundle has it, k3.4 as the second run had it;
-    with ``layouts`` also k3.4 with its intermediates on coarser boundaries
-    of the one allocation (the caching allocator's 512 bytes, 4 KiB), to
-    see whether where they lie moves the GPU time."""
-    sides = {"k3.3": vendored, "k3.4": launched}
-    old = second_run_module()
-    if old is not None:
-        sides[SECOND_RUN_SIDE] = lambda args: old.chunk_kda_launched(
-            chunk.vendored_chunk_kda_with_fused_gate, *args
-        )
+    """k3.3 (the vendored call) and k3.5 (launched); with ``layouts`` also
+    k3.5 with its intermediates on coarser boundaries of the one allocation
+    (the caching allocator's 512 bytes, 4 KiB), to see whether where they
+    lie moves the GPU time."""
+    sides = {"k3.3": vendored, OURS: launched}
     if layouts:
         for piece in (512, 4096):
-            sides[f"k3.4, {piece}-byte pieces"] = with_piece_bytes(piece)
+            sides[f"{OURS}, {piece}-byte pieces"] = with_piece_bytes(piece)
     return sides
 
 
@@ -620,11 +600,12 @@ def with_piece_bytes(piece: int):
 
 
 def kernel_gpu_us(lens, calls=20, rounds=ROUNDS) -> dict:
-    """GPU time of each kernel of one call, k3.3 against k3.4 (us; median
+    """GPU time of each kernel of one call, k3.3 against k3.5 (us; median
     over rounds of the mean over ``calls`` calls issued behind 30 ms of
     queued work): events recorded around every launch, through Triton's
-    dispatcher (k3.3) or the direct launch (k3.4); the two l2norm launches
-    summed; Akk's fill not included on either side."""
+    dispatcher (k3.3) or the direct launch (k3.5), and around k3.3's
+    torch.zeros of Akk (the fill k3.5 no longer issues); the two l2norm
+    launches summed."""
     args = batch_args(lens, seed=2)
     vendored(args), launched(args)
     plan = kda_chunk_launch._PLANS[kda_chunk_launch.call_kind(args)]
@@ -648,14 +629,17 @@ def kernel_gpu_us(lens, calls=20, rounds=ROUNDS) -> dict:
         return wrapper
 
     ahead = gb.sleep_cycles_for(30.0)
-    values = {"k3.3": {}, "k3.4": {}}
+    values = {"k3.3": {}, OURS: {}}
     for r in range(rounds + 1):
-        for side in ("k3.3", "k3.4") if r % 2 else ("k3.4", "k3.3"):
+        for side in ("k3.3", OURS) if r % 2 else (OURS, "k3.3"):
             events.clear()
             original = dict(plan.launches)
             if side == "k3.3":
                 for site, kernel in kernels.values():
                     kernel.run = timed(site, kernel.run)
+                chunk_intra.torch = types.SimpleNamespace(
+                    **{**vars(torch), "zeros": timed("Akk fill", torch.zeros)}
+                )
             else:
                 plan.launches.update(
                     {s: (timed(s, run), f, m) for s, (run, f, m) in original.items()}
@@ -669,6 +653,7 @@ def kernel_gpu_us(lens, calls=20, rounds=ROUNDS) -> dict:
             finally:
                 for _, kernel in kernels.values():
                     kernel.__dict__.pop("run", None)
+                chunk_intra.torch = torch
                 plan.launches.update(original)
             if r:
                 per: dict[str, float] = {}
@@ -713,23 +698,22 @@ def variant_rounds(sides, lens, calls=20, rounds=2 * ROUNDS) -> dict:
             if r:
                 gpu_us[name].append(start.elapsed_time(end) * 1e3 / calls)
                 host_us[name].append(host * 1e6)
-    others = [name for name in names if name != "k3.4"]
+    others = [name for name in names if name != OURS]
     return {
-        "gpu us per call": gb.summarize(gpu_us, "k3.4", others),
-        "host us per call, back to back": gb.summarize(host_us, "k3.4", others),
+        "gpu us per call": gb.summarize(gpu_us, OURS, others),
+        "host us per call, back to back": gb.summarize(host_us, OURS, others),
     }
 
 
 def variants(model_sides: tuple[str, ...] = (), layouts: bool = False) -> dict:
     """variant_rounds at the step model's shapes and a 4,096-token prefill
-    (with ``layouts``, also the sides of coarser pieces, and each kernel's
-    GPU time); then the step model with k3.3 against each side in
+    (with ``layouts``, also the sides of coarser pieces), each kernel's GPU
+    time there; then the step model with k3.3 against each side in
     ``model_sides``."""
     sides = variant_sides(layouts)
     out = {name: variant_rounds(sides, lens) for name, lens in SHAPES.items()}
-    if layouts:
-        for name, lens in SHAPES.items():
-            out[f"GPU us per kernel: {name}"] = kernel_gpu_us(lens)
+    for name, lens in SHAPES.items():
+        out[f"GPU us per kernel: {name}"] = kernel_gpu_us(lens)
     for side in model_sides:
         if side in sides:
             out[f"step model, k3.3 vs {side}"] = step_model_vs_k33(side, sides[side])
@@ -784,7 +768,7 @@ def main():
         report["bitwise"] = bitwise(200)
         print("bitwise", json.dumps(report["bitwise"])[:600], flush=True)
         report["host_us_per_call"] = {n: host_rounds(x) for n, x in SHAPES.items()}
-        report["variants"] = variants(("k3.4",), layouts=True)
+        report["variants"] = variants((OURS,), layouts=True)
         print(json.dumps(report["variants"], indent=1, default=str), flush=True)
         save()
         return
@@ -802,14 +786,12 @@ def main():
     for name, lens in SHAPES.items():
         row = host_rounds(lens)
         report["host_us_per_call"][name] = row
-        print(
-            name, {s: round(row[s]["median"], 1) for s in row}, row["k3.4"], flush=True
-        )
+        print(name, {s: round(row[s]["median"], 1) for s in row}, row[OURS], flush=True)
         save()
     report["variants"] = variants()
     print("variants", json.dumps(report["variants"], default=str)[:2000], flush=True)
     save()
-    report["step_model_k3.3_vs_k3.4"] = step_model_vs_k33("k3.4", launched)
+    report[f"step_model_k3.3_vs_{OURS}"] = step_model_vs_k33(OURS, launched)
     save()
     failures = [
         claim

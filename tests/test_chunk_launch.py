@@ -7,11 +7,12 @@ specialization classes against Triton's own specializer, every launch's
 arguments against its kernel's parameters, and the fallback to the vendored
 path where nothing is compiled (the Triton interpreter)."""
 
+import builtins
 import itertools
-import math
 
 import pytest
 import torch
+import triton.language as tl
 import vllm.models.kimi_k3.amd.ops.third_party.kda.chunk as chunk
 import vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch as launch
 from triton._C.libtriton import native_specialize_impl
@@ -42,11 +43,11 @@ def test_integer_classes_are_those_triton_specializes_on(specialized):
     assert len(set(views)) == len(views)
 
 
-def batch(seq_lens, lower_bound):
+def batch(seq_lens, lower_bound, dtype=torch.bfloat16):
     total = sum(seq_lens)
     g = torch.Generator().manual_seed(len(seq_lens))
 
-    def randn(*size, dtype=torch.bfloat16):
+    def randn(*size, dtype=dtype):
         return torch.randn(*size, generator=g, dtype=dtype)
 
     cu = cu_seqlens_of(seq_lens)
@@ -166,11 +167,10 @@ def test_intermediates_are_cut_from_one_allocation_like_fresh_tensors():
 
 
 @pytest.mark.parametrize("lower_bound", [-5.0, None], ids=["safe-gate", "no-bound"])
-def test_pointers_are_the_addresses_of_the_tensors(lower_bound):
+def test_pointers_are_the_addresses_of_the_tensors(lower_bound, monkeypatch):
     """The launched path hands the binaries device addresses: launch by
     launch the same arguments as with tensors (the inputs' own addresses;
-    the intermediates' at the same places in their allocation), and Akk
-    zeroed as torch.zeros would leave it."""
+    the intermediates' at the same places in their allocation)."""
     args = batch([1, 70, 0, 3], lower_bound)
     consts = stand_in_consts()
     seen = {True: [], False: []}
@@ -178,38 +178,22 @@ def test_pointers_are_the_addresses_of_the_tensors(lower_bound):
     def recorder(pointers):
         def record(site, grid, *kernel_args):
             seen[pointers].append((site, grid, kernel_args))
-            if site == "inter_solve":
-                akk = kernel_args[6]
-                if pointers:  # the zeroed bytes, read back at that address
-                    size = akk_bytes[0]
-                    akk = torch.tensor([], dtype=torch.uint8).set_(
-                        memories[0].untyped_storage(), akk - memories[0].data_ptr(),
-                        (size,),
-                    )  # fmt: skip
-                zeroed[pointers] = bool((akk == 0).all())
 
         return record
 
-    memories, akk_bytes, zeroed = [], [], {}
+    memories = []
     carve = launch._carve
 
     def keep(device, pieces, pointers):
         memory, carved = carve(device, pieces, pointers)
         memories.append(memory)
-        akk_bytes.append(math.prod(pieces[5][0]) * pieces[5][1].itemsize)
         return memory, carved
 
-    launch._carve = keep
-    try:
-        out, state = launch._forward(
-            recorder(True), consts, True, *launch.prepare(*args)
-        )
-        prepared = launch.prepare(*args)
-        launch._forward(recorder(False), consts, False, *prepared)
-    finally:
-        launch._carve = carve
+    monkeypatch.setattr(launch, "_carve", keep)
+    out, state = launch._forward(recorder(True), consts, True, *launch.prepare(*args))
+    prepared = launch.prepare(*args)
+    launch._forward(recorder(False), consts, False, *prepared)
     assert out is args[2] and state.shape == args[8].shape
-    assert zeroed == {True: True, False: True}
     bases = [m.data_ptr() for m in memories]
     inputs = {t.data_ptr() for t in prepared if torch.is_tensor(t)}
     for (site, grid, ours), (site_t, grid_t, theirs) in zip(
@@ -226,3 +210,98 @@ def test_pointers_are_the_addresses_of_the_tensors(lower_bound):
                     assert a != bases[0], site
                     continue
                 assert a - bases[0] == b.data_ptr() - bases[1], site
+
+
+def interpreted(lower_bound, upper_zeros: bool = True):
+    """A launch for _forward that runs each site's kernel in the Triton
+    interpreter, as Triton's dispatcher would launch it; with
+    ``upper_zeros`` False, the fused inter + solve kernel is told not to
+    write Akk's zeros above the diagonal (what patch 0007 adds)."""
+
+    def run(site, grid, *kernel_args):
+        jit, _ = launch.unwrap(launch.site_kernel(site, lower_bound))
+        if site == "inter_solve":
+            kernel_args = (*kernel_args[:-1], upper_zeros)
+        jit[grid](*kernel_args)
+
+    return run
+
+
+def poisoned(carve):
+    """_carve with every byte of the call's allocation set to 0xFF (NaN in
+    bfloat16 and float32): what a kernel reads before anything wrote it
+    reaches the outputs."""
+
+    def carve_poisoned(device, pieces, pointers):
+        memory, carved = carve(device, pieces, pointers)
+        memory.fill_(0xFF)
+        return memory, carved
+
+    return carve_poisoned
+
+
+def fresh(args) -> tuple:
+    return tuple(a.clone() if torch.is_tensor(a) else a for a in args)
+
+
+def interpretable(monkeypatch, lower_bound) -> None:
+    """What the interpreter needs of a call's kernels, on both paths alike:
+    each autotuned kernel limited to its first configuration (no GPU driver
+    to time configurations; with one the autotuner picks it untimed); the
+    sub-chunk kernel's plain load in place of tl.gather; and vLLM's fla
+    aliases of Triton builtins (``exp2 = tl.exp2`` at import) looked up at
+    call time, when the interpreter has put its own versions in tl."""
+    from vllm.models.kimi_k3.amd.ops.third_party.kda import chunk_intra
+
+    monkeypatch.setattr(chunk_intra, "is_gather_supported", False)
+    for site in launch.SITES:
+        jit, tuner = launch.unwrap(launch.site_kernel(site, lower_bound))
+        if tuner is not None:
+            monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
+        names = jit.fn.__globals__
+        monkeypatch.setitem(names, "range", tensor_range)
+        for name, value in list(names.items()):
+            builtin = getattr(value, "__name__", None)
+            if builtin and getattr(tl, builtin, None) is value:
+                monkeypatch.setitem(names, name, builtin_at_call(builtin))
+
+
+def tensor_range(*bounds):
+    """range() inside an interpreted kernel with Triton scalars for the loop
+    variable, as compiled kernels have (one here calls ``i_t.to(...)``)."""
+    ints = (int(b.handle.data) if isinstance(b, tl.tensor) else b for b in bounds)
+    return (tl.full([], i, tl.int32) for i in builtins.range(*ints))
+
+
+def builtin_at_call(name: str):
+    def call(*args, **kwargs):
+        return getattr(tl, name)(*args, **kwargs)
+
+    return call
+
+
+@pytest.mark.parametrize("lower_bound", [-5.0, None], ids=["safe-gate", "no-bound"])
+def test_launched_sequence_is_bitwise_the_vendored_path(lower_bound, monkeypatch):
+    """_forward's eight kernels, each run in the Triton interpreter with the
+    configurations the vendored path's autotuners chose, on an allocation
+    full of NaNs and with no zero-fill of Akk: outputs and final states
+    bitwise those of vLLM 0.27.1's vendored path. The control run, without
+    the zeros patch 0007 lets the inter + solve kernel write, differs: so
+    the poison reaches the outputs wherever a read comes before a write,
+    a full chunk and a partial one (70 = 64 + 6 tokens) among them."""
+    interpretable(monkeypatch, lower_bound)
+    args = batch([1, 70, 0, 3], lower_bound, torch.float32)
+    expected = chunk.vendored_chunk_kda_with_fused_gate(*fresh(args))
+    prepared = launch.prepare(*fresh(args))
+    consts = launch._consts(
+        launch.chosen_configs(lower_bound), lower_bound, prepared[0], prepared[1]
+    )
+    monkeypatch.setattr(launch, "_carve", poisoned(launch._carve))
+    ours = launch._forward(interpreted(lower_bound), consts, False, *prepared)
+    for a, b in zip(ours, expected, strict=True):
+        assert torch.equal(a, b)
+    control = launch.prepare(*fresh(args))
+    unzeroed = launch._forward(
+        interpreted(lower_bound, upper_zeros=False), consts, False, *control
+    )
+    assert not torch.equal(unzeroed[0], expected[0])

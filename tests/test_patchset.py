@@ -157,9 +157,15 @@ def test_corrupted_last_patch_leaves_tree_unchanged(pristine, tmp_path):
     series = tmp_path / "series"
     shutil.copytree(SERIES.directory, series)
     last = series / SERIES.patches[-1].name
-    context = "         scale = k.shape[-1] ** -0.5"  # a context line of the patch
-    assert last.read_text().count(context) == 1
-    last.write_text(last.read_text().replace(context, "         m = corrupted_line"))
+    text = last.read_text()
+    hunks = text[text.index("\n@@ ") :].splitlines()
+    # A context line of the patch (one that must match the file), unique in it.
+    context = next(
+        line
+        for line in hunks
+        if line.startswith(" ") and line.strip() and text.count(line) == 1
+    )
+    last.write_text(text.replace(context, " m = corrupted_line"))
     assert_refused(
         pristine,
         "apply",

@@ -9,7 +9,9 @@ Triton kernels a call, each through Triton's Python dispatcher (heuristics,
 autotuner key, argument binding and specialization, launch metadata), plus
 the tensor work between them. This module issues the same kernels, in the
 same order, on the same buffers, with the same configurations, by calling
-each kernel's compiled binary directly.
+each kernel's compiled binary directly. One thing differs: the fused
+inter + solve kernel writes Akk's zeros above the diagonal itself (patch
+0007), so Akk is not zero-filled first (a fill kernel fewer a call).
 
 A *plan* holds, for one kind of call, the compiled binary of every kernel
 the call runs and the autotuned configuration it was compiled with. The
@@ -25,7 +27,7 @@ so no binary of a plan was chosen by anything but Triton. ``warm_up_chunk_kda``
 makes the plans of every token count's specialization before serving.
 
 Outputs are bitwise those of the vendored path: same binaries, same grids,
-same arguments. Without the Triton internals used here (another Triton, or
+same arguments (but that one flag, and the binary it selects). Without the Triton internals used here (another Triton, or
 ``TRITON_INTERPRET=1``) every call runs the vendored path.
 """
 
@@ -186,14 +188,13 @@ def _forward(launch, consts, pointers, q, k, v, raw_g, raw_beta, A_log, g_bias,
     HU, V = v.shape[2], v.shape[3]  # u and v_new have v's
     beta_strides = raw_beta.stride()
     f32 = torch.float32
-    akk_bytes = B * T * HV * BT * k.element_size()
     # In the order the vendored path allocates them.
     memory, carved = _carve(q.device, (
         *(((q.shape, q.dtype), (k.shape, k.dtype)) if use_l2norm else ()),
         (raw_g.shape, f32),  # g
         (raw_beta.shape, f32),  # beta
         ((B, T, HV, BT), k.dtype),  # Aqk
-        ((B, T, HV, BT), k.dtype),  # Akk, zeroed below (torch.zeros there)
+        ((B, T, HV, BT), k.dtype),  # Akk (torch.zeros there; see below)
         ((B, T, HV, _BC), f32),  # Akkd
         (k.shape, k.dtype),  # w
         (v.shape, v.dtype),  # u
@@ -238,11 +239,10 @@ def _forward(launch, consts, pointers, q, k, v, raw_g, raw_beta, A_log, g_bias,
            HV, S, BT, gate_bs, g_bias is not None, True,
            lower_bound is not None)  # fmt: skip
 
-    # chunk_kda_fwd_intra (k's dims; HV from g), which zeroes Akk first
-    if pointers:
-        memory.narrow(0, Akk - memory.data_ptr(), akk_bytes).zero_()
-    else:
-        Akk.zero_()
+    # chunk_kda_fwd_intra (k's dims; HV from g). Its Akk = torch.zeros(...)
+    # is not repeated: the fused inter + solve kernel, told to, writes the
+    # zeros above the diagonal itself (patch 0007), every element the
+    # later kernels read of Akk, so a fill kernel and a torch call go.
     if lower_bound is not None:  # chunk_kda_fwd_kernel_intra_sub_chunk
         launch("intra", (num_chunks, -(-BT // _BC), B * HV),
                q, k, g, beta, Aqk, Akkd, scale, cu_seqlens, chunk_indices, T,
@@ -255,7 +255,8 @@ def _forward(launch, consts, pointers, q, k, v, raw_g, raw_beta, A_log, g_bias,
     launch("inter_solve", (num_chunks, B * HV, 1),
            q, k, g, beta, Aqk, Akkd, Akk, scale, cu_seqlens, chunk_indices, T,
            H, HV, K, BT, _BC, consts["inter_solve_BK"], True,
-           lower_bound is not None, consts["solve_tril_precision"])  # fmt: skip
+           lower_bound is not None, consts["solve_tril_precision"],
+           True)  # fmt: skip
 
     # recompute_w_u_fwd (A is Akk; k's dims)
     launch("recompute_w_u", (num_chunks, B * H, 1),
@@ -275,6 +276,10 @@ def _forward(launch, consts, pointers, q, k, v, raw_g, raw_beta, A_log, g_bias,
     launch("output", (-(-V // out_bv), num_chunks, Bq * Hq),
            q, v_new, g, h, v, Aqk, cu_seqlens, chunk_indices, scale, Tq, Hq, Kq,
            V, BT, consts["output_BK"], out_bv, True)  # fmt: skip
+    # Held until here: with addresses handed out, nothing else keeps the
+    # allocation from going back to the allocator (and, say, into the final
+    # state) before the last launch is issued.
+    del memory
     return out, final_state
 
 
@@ -348,8 +353,10 @@ class Plan:
 
 def resolve_binaries(prepared: tuple, configs: dict) -> tuple[dict, dict]:
     """(site -> the binary Triton's dispatcher launches for this call's
-    arguments with ``configs``, the constants used). Compiles nothing once
-    the vendored path has run a call of the same kind."""
+    arguments with ``configs``, the constants used). Once the vendored path
+    has run a call of the same kind, compiles only the inter + solve
+    kernel's binary that writes Akk's upper zeros (the vendored call runs
+    the one that does not)."""
     lower_bound = prepared[10]
     consts = _consts(configs, lower_bound, prepared[0], prepared[1])
     binaries: dict[str, object] = {}
