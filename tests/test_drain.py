@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from k3rocm.container import drain
-from k3rocm.container.stop_budget import StopBudget, budget_from_env
+from k3rocm.container.stop_budget import StopBudget
 from k3rocm.setting_table import STOP_GRACE_SECONDS, SettingError
 
 CHUNKS = 5
@@ -191,10 +191,10 @@ def test_every_wait_fits_in_the_grace(grace):
 @pytest.mark.parametrize("text", ["abc", "19", "86401", "1e3", "-5", "9" * 400])
 def test_a_bad_grace_is_refused_with_its_fix(text):
     with pytest.raises(SettingError, match="K3_STOP_GRACE_SECONDS"):
-        budget_from_env({"K3_STOP_GRACE_SECONDS": text})
+        STOP_GRACE_SECONDS.read({"K3_STOP_GRACE_SECONDS": text})
 
 
 def test_unset_grace_is_the_default():
-    budgets = [budget_from_env(env) for env in (
+    budgets = [StopBudget(STOP_GRACE_SECONDS.read(env)) for env in (
         {}, {"K3_STOP_GRACE_SECONDS": ""}, {"K3_STOP_GRACE_SECONDS": " "})]  # fmt: skip
     assert budgets == [StopBudget(120)] * 3

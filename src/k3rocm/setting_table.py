@@ -393,7 +393,7 @@ STOP_GRACE_SECONDS = _launcher(
     "from it.",
     kind=Whole(20, 24 * 3600),
     owns=("--shutdown-timeout",),
-    readers=("launcher", "container.stop_budget", "container.supervise"),
+    readers=("launcher", "container.supervise"),
 )
 DRY_RUN = _launcher(
     "dry_run",

@@ -17,10 +17,7 @@ requests.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-
-from k3rocm.setting_table import STOP_GRACE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -45,9 +42,3 @@ class StopBudget:
         """supervisord's SIGTERM-to-SIGKILL wait for vLLM; 5 s stay for
         supervisord and the wrapper to exit before Docker's SIGKILL."""
         return self.teardown_seconds - 5
-
-
-def budget_from_env(environ: Mapping[str, str]) -> StopBudget:
-    """The budget K3_STOP_GRACE_SECONDS gives; SettingError (a ValueError)
-    says what is wrong with it."""
-    return StopBudget(STOP_GRACE_SECONDS.read(environ))

@@ -52,6 +52,7 @@ from k3rocm.contract import (
     StopReason,
     api_url,
     run_dir,
+    smoke_report_path,
 )
 from k3rocm.launcher.__main__ import check as check_launch
 from k3rocm.setting_table import (
@@ -106,7 +107,6 @@ def _previous_smoke_failure(directory: Path) -> str | None:
     if reason is not None and reason.exit_code == EXIT_SMOKE:
         return reason.reason
     return None
-    return None
 
 
 def _fill_defaults() -> None:
@@ -146,7 +146,8 @@ def run() -> int:
         return EXIT_USAGE
     os.environ[STOPWAIT_ENV] = str(budget.stopwait_seconds)
     directory = run_dir()
-    os.environ.setdefault(SMOKE_REPORT.env, str(directory / SMOKE_REPORT_NAME))
+    # Resolved once (unset, empty or padded alike) for every process below.
+    os.environ[SMOKE_REPORT.env] = str(smoke_report_path(os.environ))
     directory.mkdir(parents=True, exist_ok=True)
     failed = _previous_smoke_failure(directory)
     if failed is not None:

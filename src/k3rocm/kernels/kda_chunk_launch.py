@@ -27,8 +27,9 @@ so no binary of a plan was chosen by anything but Triton. ``warm_up_chunk_kda``
 makes the plans of every token count's specialization before serving.
 
 Outputs are bitwise those of the vendored path: same binaries, same grids,
-same arguments (but that one flag, and the binary it selects). Without the Triton internals used here (another Triton, or
-``TRITON_INTERPRET=1``) every call runs the vendored path.
+same arguments (but that one flag, and the binary it selects). Without
+the Triton internals used here (another Triton, or ``TRITON_INTERPRET=1``)
+every call runs the vendored path.
 """
 
 import math
