@@ -277,9 +277,8 @@ def _forward(launch, consts, pointers, q, k, v, raw_g, raw_beta, A_log, g_bias,
     launch("output", (-(-V // out_bv), num_chunks, Bq * Hq),
            q, v_new, g, h, v, Aqk, cu_seqlens, chunk_indices, scale, Tq, Hq, Kq,
            V, BT, consts["output_BK"], out_bv, True)  # fmt: skip
-    # Held until here: with addresses handed out, nothing else keeps the
-    # allocation from going back to the allocator (and, say, into the final
-    # state) before the last launch is issued.
+    # Held until here: the launches got only addresses in it, so this name
+    # is all that keeps it from the allocator until they are issued.
     del memory
     return out, final_state
 
