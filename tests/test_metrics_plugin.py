@@ -113,6 +113,16 @@ def test_build_info_in_a_registry_of_its_own(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("value", "label"), [("0.27.1-rocm7.2-k3.5", "0.27.1-rocm7.2-k3.5"),
+                         (" 0.27.1-rocm7.2-k3.5\n", "0.27.1-rocm7.2-k3.5"),
+                         ("", "unknown"), ("  ", "unknown")]
+)  # fmt: skip
+def test_build_info_image_tag_as_the_setting_reads_it(monkeypatch, value, label):
+    monkeypatch.setenv("K3_IMAGE_TAG", value)
+    assert build_info.build_info_labels()["image_tag"] == label
+
+
+@pytest.mark.parametrize(
     ("value", "label"), [("legacy", "legacy"), ("device", "device"), ("", "device"),
                          ("Legacy", "invalid"), ("gpu", "invalid")]
 )  # fmt: skip

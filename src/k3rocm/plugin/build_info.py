@@ -118,7 +118,7 @@ def build_info_labels() -> dict[str, str]:
     return {
         "vllm_version": vllm.__version__,
         "patch_series": patch_series_label(),
-        "image_tag": label_text(os.environ.get(IMAGE_TAG.env) or UNKNOWN),
+        "image_tag": label_text(IMAGE_TAG.text(os.environ) or UNKNOWN),
         "rocm_version": rocm_version(),
         "kda_metadata": kda_metadata_label(),
     }
