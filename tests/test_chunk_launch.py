@@ -212,16 +212,16 @@ def test_pointers_are_the_addresses_of_the_tensors(lower_bound, monkeypatch):
                 assert a - bases[0] == b.data_ptr() - bases[1], site
 
 
-def interpreted(lower_bound, upper_zeros: bool = True):
+def interpreted(lower_bound, upper_zeros_off: bool = False):
     """A launch for _forward that runs each site's kernel in the Triton
-    interpreter, as Triton's dispatcher would launch it; with
-    ``upper_zeros`` False, the fused inter + solve kernel is told not to
-    write Akk's zeros above the diagonal (what patch 0007 adds)."""
+    interpreter, with the arguments _forward passes; with
+    ``upper_zeros_off``, the fused inter + solve kernel is told not to write
+    Akk's zeros above the diagonal (what patch 0007 adds)."""
 
     def run(site, grid, *kernel_args):
         jit, _ = launch.unwrap(launch.site_kernel(site, lower_bound))
-        if site == "inter_solve":
-            kernel_args = (*kernel_args[:-1], upper_zeros)
+        if site == "inter_solve" and upper_zeros_off:
+            kernel_args = (*kernel_args[:-1], False)
         jit[grid](*kernel_args)
 
     return run
@@ -304,6 +304,6 @@ def test_launched_sequence_is_bitwise_the_vendored_path(lower_bound, monkeypatch
         assert torch.equal(a, b)
     control = launch.prepare(*fresh(args))
     unzeroed = launch._forward(
-        interpreted(lower_bound, upper_zeros=False), consts, False, *control
+        interpreted(lower_bound, upper_zeros_off=True), consts, False, *control
     )
     assert not torch.equal(unzeroed[0], expected[0])
