@@ -7,14 +7,13 @@ specialization classes against Triton's own specializer, every launch's
 arguments against its kernel's parameters, and the fallback to the vendored
 path where nothing is compiled (the Triton interpreter)."""
 
-import builtins
 import itertools
 
 import pytest
 import torch
-import triton.language as tl
 import vllm.models.kimi_k3.amd.ops.third_party.kda.chunk as chunk
 import vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch as launch
+from kda_interpreter import fresh, interpretable, poisoned
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
 
@@ -225,59 +224,6 @@ def interpreted(lower_bound, upper_zeros_off: bool = False):
         jit[grid](*kernel_args)
 
     return run
-
-
-def poisoned(carve):
-    """_carve with every byte of the call's allocation set to 0xFF (NaN in
-    bfloat16 and float32): what a kernel reads before anything wrote it
-    reaches the outputs."""
-
-    def carve_poisoned(device, pieces, pointers):
-        memory, carved = carve(device, pieces, pointers)
-        memory.fill_(0xFF)
-        return memory, carved
-
-    return carve_poisoned
-
-
-def fresh(args) -> tuple:
-    return tuple(a.clone() if torch.is_tensor(a) else a for a in args)
-
-
-def interpretable(monkeypatch, lower_bound) -> None:
-    """What the interpreter needs of a call's kernels, on both paths alike:
-    each autotuned kernel limited to its first configuration (no GPU driver
-    to time configurations; with one the autotuner picks it untimed); the
-    sub-chunk kernel's plain load in place of tl.gather; and vLLM's fla
-    aliases of Triton builtins (``exp2 = tl.exp2`` at import) looked up at
-    call time, when the interpreter has put its own versions in tl."""
-    from vllm.models.kimi_k3.amd.ops.third_party.kda import chunk_intra
-
-    monkeypatch.setattr(chunk_intra, "is_gather_supported", False)
-    for site in launch.SITES:
-        jit, tuner = launch.unwrap(launch.site_kernel(site, lower_bound))
-        if tuner is not None:
-            monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
-        names = jit.fn.__globals__
-        monkeypatch.setitem(names, "range", tensor_range)
-        for name, value in list(names.items()):
-            builtin = getattr(value, "__name__", None)
-            if builtin and getattr(tl, builtin, None) is value:
-                monkeypatch.setitem(names, name, builtin_at_call(builtin))
-
-
-def tensor_range(*bounds):
-    """range() inside an interpreted kernel with Triton scalars for the loop
-    variable, as compiled kernels have (one here calls ``i_t.to(...)``)."""
-    ints = (b.handle.data.item() if isinstance(b, tl.tensor) else b for b in bounds)
-    return (tl.full([], i, tl.int32) for i in builtins.range(*ints))
-
-
-def builtin_at_call(name: str):
-    def call(*args, **kwargs):
-        return getattr(tl, name)(*args, **kwargs)
-
-    return call
 
 
 # vLLM's kernels use tl.make_block_ptr, which this Triton calls deprecated.
