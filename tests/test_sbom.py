@@ -1,12 +1,14 @@
 """The image's SBOM (k3rocm.supply_chain.sbom): CycloneDX 1.6 that
 cyclonedx-python-lib's own schema accepts, the patched vLLM with each patch
-of the series in its pedigree, OS packages from dpkg, and the pins it must
+of the series in its pedigree (backports and their pull requests from
+patches/upstream-triage.toml), OS packages from dpkg, and the pins it must
 list. The SBOM inside
 the built image is checked in test_registry_docker.py."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -14,6 +16,7 @@ from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from vllm_trees import REPO
 
+from k3rocm.patchtool.triage import TriageError
 from k3rocm.series import Series
 from k3rocm.supply_chain import sbom
 
@@ -60,43 +63,84 @@ def test_the_patched_vllm_carries_every_patch_of_the_series_in_order():
     ]
 
 
-def test_patches_with_an_upstream_pull_request_are_backports(tmp_path):
-    """[upstream] in series.toml types a patch backport, with its pull request
-    and state; the rest are the distribution's own (unofficial)."""
+def test_patches_a_backported_triage_entry_names_are_backports(tmp_path):
+    """patches/upstream-triage.toml types a patch backport, with every pull
+    request whose backported entry names it; the rest are the distribution's
+    own (unofficial)."""
     copy = tmp_path / "patches"
     shutil.copytree(REPO / "patches", copy)
-    first, *rest = SERIES.patches
-    manifest = (copy / "series.toml").read_text().split("\n[upstream.", 1)[0]
-    manifest += (
-        f'\n[upstream."{first.name}"]\npull_request = "vllm-project/vllm#1"\n'
-        'state = "merged in 9.9.9"\nurl = "https://github.com/vllm-project/vllm/pull/1"\n'
-    )
-    (copy / "series.toml").write_text(manifest)
+    first, second, *rest = SERIES.patches
+    triage = (copy / "upstream-triage.toml").read_text()
+    # Keep the file's head (releases, watch), replace its entries by two
+    # backports sharing the first patch.
+    triage = triage.split("\n[[entry]]", 1)[0]
+    for number, patches in (("1", [first.name, second.name]), ("2", [first.name])):
+        triage += (
+            f'\n[[entry]]\npull_request = "vllm-project/vllm#{number}"\n'
+            f'title = "t{number}"\nrelease = "0.29.0"\nkind = "fix"\n'
+            f'decision = "backported"\npatches = {patches!r}\n'
+            'changes = ["vllm/x.py::f"]\n'
+        ).replace("'", '"')
+    (copy / "upstream-triage.toml").write_text(triage)
     document = sbom.bom(Series(copy), None)
     assert validation_error(document) is None
     patches = patched_component(document)["pedigree"]["patches"]
-    assert patches[0]["type"] == "backport"
-    assert patches[0]["resolves"][0]["name"] == "vllm-project/vllm#1 (merged in 9.9.9)"
-    assert patches[0]["resolves"][0]["references"] == [
-        "https://github.com/vllm-project/vllm/pull/1"
+    assert patches[0]["type"] == patches[1]["type"] == "backport"
+    assert [r["name"] for r in patches[0]["resolves"]] == [
+        "vllm-project/vllm#1 (merged, released in vLLM 0.29.0)",
+        "vllm-project/vllm#2 (merged, released in vLLM 0.29.0)",
     ]
-    assert [p["type"] for p in patches[1:]] == ["unofficial"] * len(rest)
+    assert patches[0]["resolves"][0]["type"] == "defect"
+    assert patches[0]["resolves"][1]["references"] == [
+        "https://github.com/vllm-project/vllm/pull/2"
+    ]
+    assert [r["id"] for r in patches[1]["resolves"]] == ["vllm-project/vllm#1"]
+    assert [p["type"] for p in patches[2:]] == ["unofficial"] * len(rest)
 
 
-def test_the_shipped_series_backports_the_upstream_change():
+def test_the_sbom_build_step_refuses_a_series_without_its_triage(tmp_path, capsys):
+    copy = tmp_path / "patches"
+    shutil.copytree(REPO / "patches", copy)
+    (copy / "upstream-triage.toml").unlink()
+    with pytest.raises(TriageError, match="no triage file"):
+        sbom.bom(Series(copy), None)
+
+
+def test_the_shipped_series_backports_its_upstream_pull_requests():
+    """0001-0004 carry #51862, 0004 and 0008 carry #50649 (the decode peel and
+    the stable recompute_w_u stages); 0005-0007 are this distribution's own.
+    The same origins as the patch headers say."""
     patches = patched_component(sbom.bom(SERIES, None))["pedigree"]["patches"]
-    kinds = {p["diff"]["url"]: p["type"] for p in patches}
-    backports = sorted(url for url, kind in kinds.items() if kind == "backport")
-    assert backports == [
-        "patches/0002-kimi-k3-rocm-kda-backend.patch",
-        "patches/0003-amd-kda-chunk-metadata-args.patch",
-        "patches/0004-kimi-kda-layer-rocm-wiring.patch",
-    ]
+    origins = {
+        p["diff"]["url"].removeprefix("patches/"): [r["id"] for r in p["resolves"]]
+        for p in patches
+        if p["type"] == "backport"
+    }
+    expected = {
+        "0001-gdn-chunk-metadata-hook.patch": ["vllm-project/vllm#51862"],
+        "0002-kimi-k3-rocm-kda-backend.patch": ["vllm-project/vllm#51862"],
+        "0003-amd-kda-chunk-metadata-args.patch": ["vllm-project/vllm#51862"],
+        "0004-kimi-kda-layer-rocm-wiring.patch": [
+            "vllm-project/vllm#51862",
+            "vllm-project/vllm#50649",
+        ],
+        "0008-amd-kda-recompute-w-u-stable-stages.patch": ["vllm-project/vllm#50649"],
+    }
+    listed = {path.name for path in SERIES.patches}
+    assert origins == {name: prs for name, prs in expected.items() if name in listed}
+    assert "0008-amd-kda-recompute-w-u-stable-stages.patch" in listed
     for patch in patches:
         for resolved in patch.get("resolves", []):
             assert resolved["name"] == (
-                "vllm-project/vllm#51862 (merged, released in vLLM 0.28.0)"
+                f"{resolved['id']} (merged, released in vLLM 0.28.0)"
             )
+    for path in SERIES.patches:
+        header = " ".join(path.read_text().split("\n--- ", 1)[0].split())
+        upstream = re.findall(r"vLLM PR #(\d+)", header.split("Upstream:", 1)[-1])
+        carried = [pr.rpartition("#")[2] for pr in origins.get(path.name, [])]
+        assert set(carried) <= set(upstream), (path.name, upstream, carried)
+        if not carried:
+            assert "Upstream: none" in header, path.name
 
 
 def test_installed_os_packages_from_dpkg(tmp_path):

@@ -5,8 +5,9 @@
 Components: every Python distribution of the interpreter that runs this
 (the image's vLLM environment) and every installed OS package (dpkg). The
 patched vLLM carries its pedigree: each patch of the series with its diff,
-typed ``backport`` where it backports an upstream pull request (with that
-pull request and its state, from ``[upstream]`` in patches/series.toml) and
+typed ``backport`` where it backports upstream pull requests (every pull
+request it carries, from the backported entries of
+patches/upstream-triage.toml, the one home of the series' origins) and
 ``unofficial`` where it is this distribution's own. A scanner reads it with
 ``trivy sbom FILE`` or ``grype sbom:FILE``.
 """
@@ -24,6 +25,7 @@ from importlib import metadata as md
 from pathlib import Path
 from urllib.parse import quote
 
+from k3rocm.patchtool.triage import TRIAGE_NAME, Entry, TriageError, load_triage
 from k3rocm.series import Series, default_series_dir
 
 SPEC_VERSION = "1.6"
@@ -102,30 +104,33 @@ def deb_components(
     return sorted(found, key=lambda c: c["bom-ref"])
 
 
+def _resolves(entry: Entry) -> dict:
+    return {
+        "type": "defect" if entry.kind == "fix" else "enhancement",
+        "id": entry.pull_request,
+        "name": f"{entry.pull_request} (merged, released in vLLM {entry.release})",
+        "description": entry.title,
+        "references": [entry.url],
+    }
+
+
 def patch_pedigree(series: Series) -> dict:
-    """CycloneDX pedigree.patches of the series, in series order."""
-    upstream = series.manifest.get("upstream", {})
+    """CycloneDX pedigree.patches of the series, in series order; a patch's
+    upstream pull requests come from the triage's backported entries."""
+    backports = load_triage(series.directory / TRIAGE_NAME, series).backports()
     patches = []
     for path in series.patches:
-        origin = upstream.get(path.name)
+        origins = backports.get(path.name, [])
         patch: dict = {
-            "type": "backport" if origin else "unofficial",
+            "type": "backport" if origins else "unofficial",
             "diff": {
                 "text": {"contentType": "text/x-diff", "content": path.read_text()},
                 # Where it lives in the distribution's source (a relative IRI).
                 "url": f"patches/{path.name}",
             },
         }
-        if origin:
-            patch["resolves"] = [
-                {
-                    "type": "enhancement",
-                    "id": origin["pull_request"],
-                    "name": f"{origin['pull_request']} ({origin['state']})",
-                    "description": origin.get("title", ""),
-                    "references": [origin["url"]],
-                }
-            ]
+        if origins:
+            patch["resolves"] = [_resolves(entry) for entry in origins]
         patches.append(patch)
     return {
         "patches": patches,
@@ -223,7 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         help="fail unless every name==version pin of this file is listed",
     )
     args = parser.parse_args(argv)
-    document = bom(Series(default_series_dir()), os.environ.get("K3_IMAGE_VERSION"))
+    try:
+        document = bom(Series(default_series_dir()), os.environ.get("K3_IMAGE_VERSION"))
+    except TriageError as err:
+        print(f"k3rocm.sbom: {err}", file=sys.stderr)
+        return 1
     for requirements in args.require:
         missing = missing_pins(document, pinned(requirements))
         if missing:
