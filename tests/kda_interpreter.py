@@ -74,3 +74,24 @@ def poisoned(carve):
 
 def fresh(args) -> tuple:
     return tuple(a.clone() if torch.is_tensor(a) else a for a in args)
+
+
+def poison_allocations(monkeypatch) -> None:
+    """torch.empty, torch.empty_like and Tensor.new_empty hand out memory
+    with every byte 0xFF (NaN in bfloat16 and float32, -1 in integers), as a
+    GPU caching allocator can hand out a freed NaN tensor's memory: a kernel
+    that reads what nobody wrote puts NaN in its results. (On the CPU,
+    torch.empty's memory is whatever malloc returns, often zeros.)"""
+    empty, empty_like, new_empty = torch.empty, torch.empty_like, torch.Tensor.new_empty
+
+    def fill(tensor):
+        raw = empty(0, dtype=torch.uint8, device=tensor.device)
+        raw.set_(tensor.untyped_storage())
+        raw.fill_(0xFF)
+        return tensor
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(empty_like(*a, **k)))
+    monkeypatch.setattr(
+        torch.Tensor, "new_empty", lambda *a, **k: fill(new_empty(*a, **k))
+    )
