@@ -2,11 +2,12 @@
 prefills, decodes, speculative decodes and padding.
 
 - KimiK3ROCmKDAMetadataBuilder: the chunk metadata describes exactly the
-  cu_seqlens the Kimi layer hands chunk KDA (``non_spec_query_start_loc``).
+  cu_seqlens the Kimi layer hands chunk KDA: the prefill slice
+  (``prefill_query_start_loc``; patch 0004 peels the decodes off to the
+  recurrent kernel, vLLM PR #50649), made on the device.
 - The generic builder with the series applied equals the unpatched 0.27.1
-  builder, field by field (a non-Kimi GDN layer keeps 0.27.1 behaviour).
-- The trap: the generic builder's metadata describes the decode-peeled
-  prefill slice, so handing it to the Kimi layer's kernel would be wrong.
+  builder, field by field (a non-Kimi GDN layer keeps 0.27.1 behaviour),
+  and so does the Kimi builder: the same metadata, without the host copy.
 """
 
 import dataclasses
@@ -65,13 +66,27 @@ def test_kimi_builder_describes_the_cu_seqlens_the_layer_passes(
     if metadata.num_prefills == 0:
         assert metadata.chunk_indices is None and metadata.chunk_offsets is None
         return
-    # KimiGatedDeltaNetAttention._forward calls chunk KDA with
-    # cu_seqlens=m.non_spec_query_start_loc (the whole non-spec batch).
+    # KimiGatedDeltaNetAttention._forward calls chunk KDA with the prefill
+    # slice. Without speculative decodes that is the prefills and the
+    # padding behind them; beside them vLLM 0.27.1's builder counts 1-token
+    # sequences as prefills and the slice is the whole non-spec batch
+    # (upstream's peel, too, applies only without speculative decodes).
+    if metadata.spec_sequence_masks is None:
+        assert lengths(metadata.prefill_query_start_loc) == (
+            batch.prefill_query_lens + [0] * batch.padding
+        )
+    else:
+        assert torch.equal(
+            metadata.prefill_query_start_loc, metadata.non_spec_query_start_loc
+        )
     assert_describes(
         metadata.chunk_indices,
         metadata.chunk_offsets,
-        metadata.non_spec_query_start_loc,
+        metadata.prefill_query_start_loc,
     )
+    generic = build(builders[num_spec]["generic"], batch, num_spec)
+    for name in ("chunk_indices", "chunk_offsets", "prefill_query_start_loc"):
+        assert_same(getattr(metadata, name), getattr(generic, name), name)
 
 
 @pytest.mark.parametrize("num_spec", [0, NUM_SPEC], ids=["no-spec", "spec"])
@@ -102,23 +117,16 @@ def assert_same(ours, theirs, where: str) -> None:
         assert ours == theirs, where
 
 
-def test_generic_metadata_would_be_wrong_for_the_kimi_layer(builders):
-    """In a mixed non-spec batch the generic builder describes the rebased
-    prefill-only slice; the Kimi layer's kernel runs over decodes too."""
+def test_kimi_metadata_leaves_the_decodes_out(builders):
+    """In a mixed non-spec batch the metadata covers the rebased prefill
+    slice only: no chunk for any of the three decodes (the rows written
+    out by hand)."""
     batch = Batch([], 3, [130, 70], 0, [5, 9, 2, 0, 0])
-    generic = build(builders[0]["generic"], batch, 0)
     kimi = build(builders[0]["kimi"], batch, 0)
-    assert_describes(
-        generic.chunk_indices, generic.chunk_offsets, generic.prefill_query_start_loc
-    )
-    assert lengths(generic.non_spec_query_start_loc) == [1, 1, 1, 130, 70]
-    assert not torch.equal(generic.chunk_indices, kimi.chunk_indices)
-    assert kimi.chunk_indices.tolist() == [
-        [0, 0], [1, 0], [2, 0], [3, 0], [3, 1], [3, 2], [4, 0], [4, 1],
-    ]  # fmt: skip
-    assert_describes(
-        kimi.chunk_indices, kimi.chunk_offsets, kimi.non_spec_query_start_loc
-    )
+    assert lengths(kimi.non_spec_query_start_loc) == [1, 1, 1, 130, 70]
+    assert lengths(kimi.prefill_query_start_loc) == [130, 70]
+    assert kimi.chunk_indices.tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1]]
+    assert kimi.chunk_offsets.tolist() == [0, 3, 5]
 
 
 def test_kimi_builder_warms_up_every_reachable_variant_at_construction(builders):

@@ -23,6 +23,7 @@ from gdn_batches import (
     assert_describes,
     batches,
     build,
+    lengths,
     make_builder,
 )
 from hypothesis import HealthCheck, given, settings
@@ -106,14 +107,22 @@ def rocm_builder(vllm_config):
 
 class ChunkKdaRecorder:
     """Stands in for chunk_kda_with_fused_gate: records the call, returns
-    outputs of the right shapes."""
+    outputs of the right shapes. Its ``recurrent`` stands in for
+    fused_recurrent_kda (the decodes the layer peels off) the same way."""
 
     def __init__(self):
         self.calls: list[dict] = []
+        self.recurrent: list[dict] = []
 
     def __call__(self, **kwargs):
         self.calls.append(kwargs)
         return torch.zeros_like(kwargs["v"]), torch.zeros_like(kwargs["initial_state"])
+
+    def record_recurrent(self, **kwargs):
+        self.recurrent.append(kwargs)
+        out = kwargs["out"]
+        out.zero_()
+        return out, kwargs["initial_state"]
 
 
 def gather_initial_states_on_cpu(state, indices, has_initial_state):
@@ -125,8 +134,9 @@ def gather_initial_states_on_cpu(state, indices, has_initial_state):
 @pytest.fixture
 def recorder(monkeypatch):
     recorder = ChunkKdaRecorder()
-    monkeypatch.setattr(amd_kda, "chunk_kda_with_fused_gate", recorder)
-    monkeypatch.setattr(nvidia_kda, "chunk_kda_with_fused_gate", recorder)
+    for kda in (amd_kda, nvidia_kda):
+        monkeypatch.setattr(kda, "chunk_kda_with_fused_gate", recorder)
+        monkeypatch.setattr(kda, "fused_recurrent_kda", recorder.record_recurrent)
     monkeypatch.setattr(
         kimi_layer, "gather_initial_states", gather_initial_states_on_cpu
     )
@@ -185,15 +195,20 @@ def test_k3_kda_metadata_other_values_are_refused(layer, monkeypatch):
         layer.get_attn_backend()
 
 
-def test_legacy_on_rocm_hands_the_kernel_no_metadata(
+def test_legacy_on_rocm_hands_the_kernel_no_metadata_and_peels_decodes(
     layer, vllm_config, recorder, on_rocm, monkeypatch
 ):
+    """legacy is 0.27.1's stall (the kernel rebuilds its metadata), not
+    0.27.1's bug: the decodes still go to the recurrent kernel."""
     monkeypatch.setenv("K3_KDA_METADATA", "legacy")
     batch = Batch([], 3, [130, 70], 1, [5, 9, 2, 0, 0, 0])
     metadata = build(make_builder(GDNAttentionMetadataBuilder, 0), batch, 0)
     run_forward(layer, vllm_config, metadata)
     (call,) = recorder.calls
     assert "chunk_indices" not in call and "chunk_offsets" not in call
+    assert lengths(call["cu_seqlens"]) == [130, 70, 0]
+    (decode,) = recorder.recurrent
+    assert lengths(decode["cu_seqlens"]) == [1, 1, 1]
 
 
 @settings(
@@ -212,21 +227,36 @@ def test_on_rocm_the_kernel_gets_metadata_for_its_own_cu_seqlens(
     batch = data.draw(batches(with_spec=False).filter(lambda b: b.prefill_query_lens))
     metadata = build(rocm_builder, batch, 0)
     recorder.calls.clear()
+    recorder.recurrent.clear()
     run_forward(layer, vllm_config, metadata)
     (call,) = recorder.calls
     # Whatever cu_seqlens the layer hands the kernel, the metadata it hands
     # with them describes exactly those.
     assert_describes(call["chunk_indices"], call["chunk_offsets"], call["cu_seqlens"])
+    # Those are the prefills (and the padding behind them), never a decode
+    # (vLLM PR #50649); the decodes went to the recurrent kernel, each with
+    # its own state block.
+    assert lengths(call["cu_seqlens"]) == batch.prefill_query_lens + [0] * batch.padding
+    blocks = batch.metadata(0).block_table_tensor[:, 0]
+    if batch.decodes:
+        (decode,) = recorder.recurrent
+        assert lengths(decode["cu_seqlens"]) == [1] * batch.decodes
+        assert torch.equal(decode["ssm_state_indices"], blocks[: batch.decodes])
+        assert decode["q"].shape[1] == batch.decodes
+    else:
+        assert recorder.recurrent == []
 
 
-def test_elsewhere_the_kernel_builds_its_own_metadata(layer, vllm_config, recorder):
-    """Off ROCm the generic builder describes the decode-peeled prefill
-    slice, so the layer must pass no metadata (0.27.1 behaviour)."""
+def test_elsewhere_the_layer_is_vllm_0271s(layer, vllm_config, recorder):
+    """Off ROCm the series changes nothing: chunk KDA runs over the whole
+    non-spec batch, decodes included, and builds its own metadata."""
     batch = Batch([], 3, [130, 70], 1, [5, 9, 2, 0, 0, 0])
     metadata = build(make_builder(GDNAttentionMetadataBuilder, 0), batch, 0)
     run_forward(layer, vllm_config, metadata)
     (call,) = recorder.calls
     assert "chunk_indices" not in call and "chunk_offsets" not in call
+    assert lengths(call["cu_seqlens"]) == [1, 1, 1, 130, 70, 0]
+    assert recorder.recurrent == []
 
 
 # The chunk KDA warm-up (kda_chunk_launch.warm_up_chunk_kda, called by the

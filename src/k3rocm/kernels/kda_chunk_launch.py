@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from vllm.logger import init_logger
 from vllm.third_party.flash_linear_attention.ops import l2norm as _l2norm_module
 from vllm.third_party.flash_linear_attention.ops.utils import FLA_CHUNK_SIZE
 from vllm.triton_utils import triton
@@ -62,6 +63,7 @@ _I32 = 1 << 31
 
 # launch(site, grid, *arguments in the kernel's parameter order)
 Launch = Callable[..., None]
+logger = init_logger(__name__)
 
 
 def _kernels() -> dict[str, object]:
@@ -373,10 +375,34 @@ def resolve_binaries(prepared: tuple, configs: dict) -> tuple[dict, dict]:
     return binaries, consts
 
 
+def outside_allowed_configs(configs: dict, lower_bound: float | None) -> list[str]:
+    """The sites whose configuration is not one of their kernel's autotune
+    list (patch 0008 took recompute_w_u's racy num_stages=4 out of it; an
+    autotuner's answer from elsewhere, such as an older cache, could still
+    hold it), each as "site: configuration"."""
+    outside = []
+    for site, config in configs.items():
+        _, tuner = unwrap(site_kernel(site, lower_bound))
+        allowed = [c.all_kwargs() for c in tuner.configs]
+        if config.all_kwargs() not in allowed:
+            outside.append(f"{site}: {config}")
+    return outside
+
+
 def _make_plan(prepared: tuple) -> Plan | None:
     """The plan of this call's kind, read back from Triton right after the
-    vendored path ran the same call."""
+    vendored path ran the same call; None where a configuration is outside
+    its kernel's list (logged) or this Triton lacks the internals."""
     configs = chosen_configs(prepared[10])
+    outside = outside_allowed_configs(configs, prepared[10])
+    if outside:
+        logger.warning(
+            "chunk KDA: no precompiled plan for a kind of call, its autotuned "
+            "configuration is outside the kernel's list (%s); calls of that "
+            "kind run vLLM's own path",
+            "; ".join(outside),
+        )
+        return None
     binaries, consts = resolve_binaries(prepared, configs)
     launches = {site: _direct(binaries[site]) for site in SITES}
     if not all(launches.values()):
@@ -472,11 +498,13 @@ def _current_stream(device_index: int):
     return triton.runtime.driver.active.get_current_stream(device_index)
 
 
-# One plan per kind of call (_call_key).
+# One plan per kind of call (_call_key), and the kinds refused one.
 _PLANS: dict[tuple, Plan] = {}
+_REFUSED: set[tuple] = set()
 # vendored_calls: calls that ran the vendored path (no plan for their kind
-# yet, or a call the plans do not cover); plans_made: plans made after one.
-STATS = {"vendored_calls": 0, "plans_made": 0}
+# yet, a call the plans do not cover, or a refused kind); plans_made: plans
+# made after one; plans_refused: kinds given none (outside_allowed_configs).
+STATS = {"vendored_calls": 0, "plans_made": 0, "plans_refused": 0}
 # Under TRITON_INTERPRET=1 nothing is compiled: every call is vendored.
 DIRECT = _direct_forward_available()
 
@@ -512,9 +540,12 @@ def chunk_kda_launched(vendored, q, k, v, raw_g, raw_beta, A_log, g_bias,
                    initial_state, output_final_state, lower_bound,
                    use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices,
                    chunk_offsets)  # fmt: skip
-    if key is not None:
+    if key is not None and key not in _REFUSED:
         plan = _make_plan(prepared)
-        if plan is not None:
+        if plan is None:
+            _REFUSED.add(key)
+            STATS["plans_refused"] += 1
+        else:
             _PLANS[key] = plan
             STATS["plans_made"] += 1
     return out
@@ -532,16 +563,25 @@ AUTOTUNE_TOKENS_MAX = 8192
 # their classes that any counts can reach (below 2**31 elements).
 CLASS_TOKENS = range(1, 33)
 PADDINGS = (0, 1)
+# A mixed batch's prefill slice starts after its decodes (patch 0004 peels
+# them off), which moves every input pointer by whole rows: a row is at
+# least two bytes, so 1 to 8 decodes meet every 16-byte alignment (what
+# Triton specializes pointers on) that any decode count can reach. Behind
+# decodes the padded count no longer follows the token count, so each
+# slice is met in a forward padded by none, one, and up to a multiple of 16.
+DECODE_OFFSETS = range(1, 9)
+_PAD_TO = 16
 
 
 class LayerCalls:
     """chunk_kda_with_fused_gate calls laid out as a Kimi KDA layer
     (``KimiGatedDeltaNetAttention`` with the series) makes them, on buffers
     made once: raw_beta a view of the fused input projection's output cut by
-    the layer's own ``split_projection``, then ``unsqueeze(0)`` and the
-    first tokens (``forward``, ``_forward``); raw_g the first tokens of the
-    gate projection's output; q, k, v dense (the convolution's outputs);
-    the layer's own A_log, dt_bias and gate_lower_bound."""
+    the layer's own ``split_projection``, then ``unsqueeze(0)``, the first
+    tokens (``forward``, ``_forward``) and the prefill slice after the
+    decodes; raw_g the same rows of the gate projection's output; q, k, v
+    dense (the convolution's outputs) from the slice on; the layer's own
+    A_log, dt_bias and gate_lower_bound."""
 
     def __init__(self, layer, max_tokens: int, device: torch.device):
         self.layer = layer
@@ -555,36 +595,45 @@ class LayerCalls:
         def randn(*size, dtype=dtype):
             return torch.randn(*size, dtype=dtype, device=device, generator=generator)
 
-        padded = max_tokens + max(PADDINGS)
+        rows = max_tokens + DECODE_OFFSETS[-1]
+        padded = rows + _PAD_TO
         self.device = device
         self.projected = randn(padded, width)
-        self.q, self.k, self.v = (randn(1, max_tokens, heads, dim) for _ in "qkv")
+        self.q, self.k, self.v = (randn(1, rows, heads, dim) for _ in "qkv")
         self.gate = randn(1, padded, heads, dim)
         self.state = randn(1, heads, dim, dim, dtype=torch.float32)
 
-    def __call__(self, tokens: int, padded: int, gathered: bool) -> tuple:
+    def __call__(self, tokens: int, padded: int, gathered: bool, decodes=0) -> tuple:
         """The arguments of the layer's call for one prefill of ``tokens``
-        tokens in a forward of ``padded`` tokens. ``gathered``: a batch with
-        speculative decodes, whose other tokens the layer gathers with
-        ``index_select`` (dense copies) before the call."""
+        tokens after ``decodes`` decodes, in a forward of ``padded`` tokens.
+        ``gathered``: a batch with speculative decodes, whose other tokens
+        the layer gathers with ``index_select`` (dense copies) before the
+        call."""
         layer, device = self.layer, self.device
+        end = decodes + tokens
         beta = layer.split_projection(self.projected[:padded])[3]
-        beta = beta.unsqueeze(0)[:, :tokens]
-        raw_g = self.gate[:, :padded][:, :tokens]
+        beta = beta.unsqueeze(0)[:, :end][:, decodes:]
+        raw_g = self.gate[:, :padded][:, :end][:, decodes:]
         if gathered:
             index = torch.arange(tokens, device=device)
             beta, raw_g = beta.index_select(1, index), raw_g.index_select(1, index)
         chunks = -(-tokens // FLA_CHUNK_SIZE)
         chunk_indices = torch.zeros(chunks, 2, dtype=torch.int32)
         chunk_indices[:, 1] = torch.arange(chunks)
+        q, k, v = (x[:, :end][:, decodes:] for x in (self.q, self.k, self.v))
         return (
-            self.q[:, :tokens], self.k[:, :tokens], self.v[:, :tokens], raw_g,
-            beta, layer.A_log, layer.dt_bias, None, self.state, True,
-            layer.gate_lower_bound, True,
+            q, k, v, raw_g, beta, layer.A_log, layer.dt_bias, None, self.state,
+            True, layer.gate_lower_bound, True,
             torch.tensor([0, tokens], dtype=torch.int32, device=device),
             chunk_indices.to(device),
             torch.tensor([0, chunks], dtype=torch.int64, device=device),
         )  # fmt: skip
+
+
+def _paddings(rows: int) -> set[int]:
+    """Paddings of a forward of ``rows`` tokens: none, one, and up to the
+    next multiple of _PAD_TO."""
+    return {0, 1, -rows % _PAD_TO}
 
 
 def warm_up_calls(layer, max_num_batched_tokens: int, device):
@@ -597,6 +646,10 @@ def warm_up_calls(layer, max_num_batched_tokens: int, device):
         for padding in PADDINGS:
             yield calls(tokens, tokens + padding, False)
         yield calls(tokens, tokens, True)
+        for decodes in DECODE_OFFSETS:
+            rows = decodes + tokens
+            for padding in sorted(_paddings(rows)):
+                yield calls(tokens, rows + padding, False, decodes)
 
 
 def call_kind(args: tuple) -> tuple:

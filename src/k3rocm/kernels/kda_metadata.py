@@ -262,10 +262,10 @@ def kimi_kda_layers(vllm_config: "VllmConfig", layer_names: list[str]) -> list:
 class KimiK3ROCmKDAMetadataBuilder(GDNAttentionMetadataBuilder):
     """GDN metadata builder whose chunk metadata is made on the device.
 
-    The Kimi KDA layer runs chunk KDA over the whole non-spec batch, decodes
-    included (``non_spec_query_start_loc``), not over the decode-peeled
-    prefill slice that the generic builder describes; the metadata here
-    describes exactly what the layer hands the kernel.
+    It describes the cu_seqlens the Kimi KDA layer hands chunk KDA: the
+    prefill slice (``prefill_query_start_loc``; in a mixed batch the decodes
+    are peeled off to the recurrent kernel, vLLM PR #50649), as the generic
+    builder's metadata does, without its host-built copy.
 
     Built before the server reports ready, it compiles every kernel variant
     its scheduler limits can reach, and plans every kind of chunk KDA call
@@ -321,10 +321,10 @@ class KimiK3ROCmKDAMetadataBuilder(GDNAttentionMetadataBuilder):
         non_spec_query_start_loc_cpu: torch.Tensor | None,
         device: torch.device,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        assert non_spec_query_start_loc is not None
-        assert non_spec_query_start_loc_cpu is not None
+        assert prefill_query_start_loc is not None
+        assert prefill_query_start_loc_cpu is not None
         return prepare_chunk_metadata_device(
-            non_spec_query_start_loc, non_spec_query_start_loc_cpu
+            prefill_query_start_loc, prefill_query_start_loc_cpu
         )
 
 
