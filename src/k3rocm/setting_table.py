@@ -507,15 +507,17 @@ FORENSICS_DIR = Setting(
 )
 # The ROCm Kimi KDA layer's chunk metadata: built on the GPU by the series
 # (the stall-free prefill path), or vLLM 0.27.1's own build (its `.tolist()`
-# stall), so that one image can be compared against itself.
+# stall), so that one image can be compared against itself. Both carry the
+# correctness fixes (vLLM #50649): the A/B is stall against no stall.
 KDA_METADATA_PATHS = ("device", "legacy")
 KDA_METADATA = Setting(
     "kda_metadata",
     "K3_KDA_METADATA",
     KDA_METADATA_PATHS[0],
     "`device`: the series' stall-free prefill path (KDA chunk metadata built "
-    "on the GPU). `legacy`: vLLM 0.27.1's own path, stall included, to compare "
-    'one image against itself (README, "Check it on your hardware").',
+    "on the GPU). `legacy`: vLLM 0.27.1's own metadata path, stall included "
+    "(with the series' correctness fixes), to compare one image against "
+    'itself (README, "Check it on your hardware").',
     CONTAINER,
     kind=OneOf(KDA_METADATA_PATHS),
     readers=("smoke", "plugin.build_info", "launcher", "accept"),
