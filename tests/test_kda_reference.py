@@ -34,7 +34,12 @@ from triton.runtime.errors import InterpreterError
 from k3rocm.chunk_reference import cu_seqlens_of, reference_chunk_metadata
 from k3rocm.smoke import kda_reference as ref
 
-pytestmark = pytest.mark.filterwarnings("ignore:tl.make_block_ptr is deprecated")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:tl.make_block_ptr is deprecated"),
+    # The safe-gate kernels' exp2 of gate differences overflows to inf in
+    # NumPy for some lanes; the outputs are finite and checked below.
+    pytest.mark.filterwarnings("ignore:overflow encountered in exp2"),
+]
 
 HEADS, HEAD_DIM = 2, 16
 BOUNDS = pytest.mark.parametrize("lower_bound", [-5.0, None], ids=["bound", "no-bound"])
