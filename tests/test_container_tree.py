@@ -81,6 +81,7 @@ def test_smoke_passes_then_sigterm_stops_vllm_gracefully(container, tmp_path):
         "kda metadata path": "pass",
         "kimi backend": "skip",
         "device kernel": "pass",
+        "kda numerics": "pass",
         "no device sync": "skip",
     }
     assert checks(report, "stage2") == {

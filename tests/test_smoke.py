@@ -34,10 +34,12 @@ def test_stage1_on_cpu_runs_the_kernel_interpreted_and_skips_gpu_checks(
         "kda metadata path": "pass",
         "kimi backend": "skip",
         "device kernel": "pass",
+        "kda numerics": "pass",
         "no device sync": "skip",
     }
     details = {check.name: check.detail for check in stage.checks}
     assert "on cpu" in details["device kernel"]
+    assert "match the float64 reference on cpu" in details["kda numerics"]
     assert "not ROCm" in details["kimi backend"]
     assert "no GPU" in details["no device sync"]
     assert details["kda metadata path"].startswith("device: ")
@@ -61,6 +63,52 @@ def test_stage1_reports_the_legacy_path_and_refuses_other_values(monkeypatch):
     run_stage1(stage, SERIES)
     assert statuses(stage)["kda metadata path"] == "fail"
     assert "kimi backend" not in statuses(stage)
+
+
+def poisoned_result(kernel, damage):
+    """``kernel`` (an AMD KDA op as the layer calls it) with ``damage``
+    done to its outputs and states."""
+
+    def run(**kwargs):
+        out, state = kernel(**kwargs)
+        damage(kwargs.get("out", out), state, kwargs)
+        return out, state
+
+    return run
+
+
+def nan_first_output(out, state, kwargs):
+    out.view(-1)[0] = float("nan")
+
+
+def scaled_decode_states(out, state, kwargs):
+    """1 % more in the decodes' states: finite, and far outside the
+    tolerance."""
+    state[kwargs["ssm_state_indices"].long()] *= 1.01
+
+
+@pytest.mark.parametrize(
+    ("op", "damage"),
+    [
+        ("chunk_kda_with_fused_gate", nan_first_output),
+        ("fused_recurrent_kda", nan_first_output),
+        ("fused_recurrent_kda", scaled_decode_states),
+    ],
+    ids=["chunk-nan", "recurrent-nan", "recurrent-state-off"],
+)
+def test_kda_numerics_fails_on_a_poisoned_result(monkeypatch, op, damage):
+    import vllm.models.kimi_k3.amd.ops.third_party.kda as amd_kda
+
+    from k3rocm.smoke.kda_numerics import check_kda_numerics
+
+    monkeypatch.setattr(amd_kda, op, poisoned_result(getattr(amd_kda, op), damage))
+    stage = Stage()
+    assert not check_kda_numerics(stage, "cpu")
+    (check,) = stage.checks
+    assert (check.name, check.status) == ("kda numerics", "fail")
+    assert "differ from the float64 reference on cpu" in check.detail
+    if damage is nan_first_output:
+        assert "largest error inf times" in check.detail
 
 
 def test_kernel_check_catches_metadata_that_differs_from_the_reference():

@@ -7,8 +7,11 @@ Stage 1 runs before vLLM starts (the ``vllm`` program waits for its gate
 file): the patch marker matches the series this k3rocm carries; on ROCm the
 Kimi KDA layer resolves to ``KIMI_K3_KDA_ROCM``; the device kernel equals the
 reference on a fixed battery of batches (on the GPU, or on the CPU under
-``TRITON_INTERPRET=1``); and under ``torch.cuda.set_sync_debug_mode("error")``
-our metadata build raises nothing while the legacy path does (GPU only).
+``TRITON_INTERPRET=1``); a small mixed step through the Kimi KDA kernels
+(decodes through the recurrent kernel, prefills through chunk KDA) matches
+the float64 reference, finite and within its tolerance; and under
+``torch.cuda.set_sync_debug_mode("error")`` our metadata build raises
+nothing while the legacy path does (GPU only).
 
 Stage 2 runs once ``/health`` answers: a real completion whose prompt spans
 several 64-token chunks, then ``/metrics`` shows new prefill step samples from
@@ -20,9 +23,11 @@ gauge reads it), the ready mark (``$K3_RUN_DIR/ready``) and one summary line.
 stops; ``warn`` logs loudly, writes the ready mark and keeps serving. Every
 stage runs under a timeout.
 
-One job per module: ``settings`` (the environment), ``report`` (checks,
-stages, the JSON report), ``stage1`` (patch marker, Kimi backend),
-``kernel_checks`` (the device kernel against the reference, no device sync),
+One job per module: ``settings`` (the environment), ``stage1`` (patch
+marker, Kimi backend), ``kernel_checks`` (the device kernel against the
+reference, no device sync), ``kda_numerics`` (the KDA ops against
+``kda_reference``, the float64 reference; ``interpreter`` lets them run in
+the Triton interpreter),
 ``http`` (the API client), ``stage2`` (completion and prefill metrics),
 ``timeouts`` (each stage under its timeout), ``policy`` (verdict, ready mark
 and exit code by ``K3_SMOKE_ON_FAILURE``) and ``__main__`` (the command).

@@ -1,5 +1,6 @@
 """Stage 1, before vLLM starts: the patch marker, the Kimi backend, then the
-device-kernel checks (``kernel_checks``)."""
+device-kernel checks (``kernel_checks``) and the KDA ops' numbers
+(``kda_numerics``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from k3rocm.patchtool import patchset
 from k3rocm.series import Series
 from k3rocm.setting_table import KDA_METADATA, KDA_METADATA_PATHS
+from k3rocm.smoke.kda_numerics import check_kda_numerics
 from k3rocm.smoke.kernel_checks import (
     check_kernel_battery,
     check_no_sync,
@@ -107,4 +109,5 @@ def run_stage1(stage: Stage, series: Series) -> None:
     check_kimi_backend(stage, path)
     device = kernel_device()
     check_kernel_battery(stage, device)
+    check_kda_numerics(stage, device)
     check_no_sync(stage, device)
