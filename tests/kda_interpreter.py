@@ -4,33 +4,19 @@ imported; conftest also binds the real Triton into vllm.triton_utils, which
 swaps in a placeholder where no GPU driver is active), and that poison what
 a call allocates.
 
-What each stand-in replaces, and why the interpreter needs it, is in its
-docstring; none changes what a kernel computes."""
-
-import builtins
+What each stand-in replaces, and why the interpreter needs it, is in
+k3rocm.smoke.interpreter; none changes what a kernel computes."""
 
 import torch
-import triton.language as tl
 import vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch as launch
+
+from k3rocm.smoke.interpreter import make_interpretable
 
 
 def interpretable_kernel(monkeypatch, kernel) -> None:
-    """What the interpreter needs of one kernel (its heuristics and autotune
-    decorators included): an autotuned kernel limited to its first
-    configuration (no GPU driver to time configurations; with one the
-    autotuner picks it untimed); and vLLM's fla aliases of Triton builtins
-    (``exp = tl.exp`` at import) looked up at call time, when the
-    interpreter has put its own versions in tl; ``range`` as
-    ``tensor_range``."""
-    jit, tuner = launch.unwrap(kernel)
-    if tuner is not None:
-        monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
-    names = jit.fn.__globals__
-    monkeypatch.setitem(names, "range", tensor_range)
-    for name, value in list(names.items()):
-        builtin = getattr(value, "__name__", None)
-        if builtin and getattr(tl, builtin, None) is value:
-            monkeypatch.setitem(names, name, builtin_at_call(builtin))
+    """What the interpreter needs of one kernel (k3rocm.smoke.interpreter,
+    the smoke test's own), undone by ``monkeypatch`` after the test."""
+    make_interpretable(monkeypatch, kernel)
 
 
 def interpretable(monkeypatch, lower_bound) -> None:
@@ -43,20 +29,6 @@ def interpretable(monkeypatch, lower_bound) -> None:
     monkeypatch.setattr(chunk_intra, "is_gather_supported", False)
     for site in launch.SITES:
         interpretable_kernel(monkeypatch, launch.site_kernel(site, lower_bound))
-
-
-def tensor_range(*bounds):
-    """range() inside an interpreted kernel with Triton scalars for the loop
-    variable, as compiled kernels have (one here calls ``i_t.to(...)``)."""
-    ints = (b.handle.data.item() if isinstance(b, tl.tensor) else b for b in bounds)
-    return (tl.full([], i, tl.int32) for i in builtins.range(*ints))
-
-
-def builtin_at_call(name: str):
-    def call(*args, **kwargs):
-        return getattr(tl, name)(*args, **kwargs)
-
-    return call
 
 
 def poisoned(carve):

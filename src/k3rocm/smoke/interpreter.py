@@ -71,8 +71,10 @@ def builtin_at_call(name: str):
     return call
 
 
-def make_interpretable(changes: _Changes, kernel) -> None:
-    """One kernel (under its heuristics and autotune decorators)."""
+def make_interpretable(changes, kernel) -> None:
+    """One kernel (under its heuristics and autotune decorators); every
+    change goes through ``changes.setattr`` / ``changes.setitem`` (a
+    ``_Changes``, or pytest's monkeypatch, which undo them)."""
     import triton.language as tl
     from vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch import unwrap
 
