@@ -40,6 +40,7 @@ from docker_images import (
 from vllm_server import free_port
 from vllm_trees import REPO
 
+from k3rocm.container import api_access
 from k3rocm.tryout.cpu import CPU_SETTINGS
 from k3rocm.tryout.stack import cpu_stack
 
@@ -196,6 +197,34 @@ def test_the_server_comes_up_healthy_with_its_api_key(project):
     key = {"Authorization": f"Bearer {SECRETS['api_key']}"}
     status, answer = http(f"{project['api']}/v1/completions", body, headers=key)
     assert status == 200, answer
+
+
+def test_the_live_server_walks_like_its_route_table(project):
+    """Every route of vLLM 0.27.1's route table, asked of the running
+    server (the image's launcher, its API key set): 401 without the key and
+    with a wrong one but on /health and /metrics; with the key the admin
+    routes answer 404 (K3_API_ADMIN_ROUTES is off). POST /invocations with a
+    completion body and no key, which 0.27.1 answers with generated text,
+    is 401."""
+    from test_api_access import plain_app, routes
+
+    server = project["server"]
+    wait_for("healthy server", lambda: health(server) == "healthy", 480)
+    api = project["api"]
+    key = {"Authorization": f"Bearer {SECRETS['api_key']}"}
+    wrong = {"Authorization": "Bearer sk-wrong"}
+    for method, path, concrete in routes(plain_app()):
+        body = {} if method == "POST" else None
+        where = f"{method} {path}"
+        if path in api_access.OPEN_PATHS:
+            assert http(f"{api}{concrete}", body)[0] == 200, where
+            continue
+        assert http(f"{api}{concrete}", body)[0] == 401, where
+        assert http(f"{api}{concrete}", body, headers=wrong)[0] == 401, where
+        if path in api_access.ADMIN_PATHS:
+            assert http(f"{api}{concrete}", body, headers=key)[0] == 404, where
+    completion = {"model": "kimi-k3", "prompt": "a b", "max_tokens": 4}
+    assert http(f"{api}/invocations", completion)[0] == 401
 
 
 def test_the_probes_stay_out_of_the_access_log(project):

@@ -516,8 +516,12 @@ def test_two_node_commands_agree(vllm_parsers, capsys, profile):
     assert (rank0["node_rank"], rank1["node_rank"]) == (0, 1)
     # Node 0 serves the API; node 1 runs only engines or workers.
     assert (rank0["headless"], rank1["headless"]) == (False, True)
-    # Only the node serving the API drains it on stop.
-    assert rank0["middleware"] == ["k3rocm.container.drain.DrainMiddleware"]
+    # Only the node serving the API drains it on stop and guards its routes
+    # (the access check outermost: added last).
+    assert rank0["middleware"] == [
+        "k3rocm.container.drain.DrainMiddleware",
+        "k3rocm.container.api_access.ApiAccessMiddleware",
+    ]
     assert rank1["middleware"] == []
     # ... and keeps the probes' requests out of its access log.
     quiet = "disable_access_log_for_endpoints"

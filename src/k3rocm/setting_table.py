@@ -523,6 +523,20 @@ KDA_METADATA = Setting(
     readers=("smoke", "plugin.build_info", "launcher", "accept"),
 )
 
+# vLLM's admin, scaling and documentation routes (container.api_access):
+# off by default, as they let whoever reaches the port act on the server.
+API_ADMIN_ROUTES = Setting(
+    "api_admin_routes",
+    "K3_API_ADMIN_ROUTES",
+    False,
+    "`1`: vLLM's admin, scaling and documentation routes (`/scale_elastic_ep`, "
+    "`/load`, `/docs`, `/openapi.json`, ...) answer, behind the API key. `0`: "
+    'they answer 404 (docs/container.md, "Who may use the API").',
+    CONTAINER,
+    kind=Flag(),
+    readers=("container.api_access",),
+)
+
 RUN_DIR = Setting(
     "run_dir",
     "K3_RUN_DIR",

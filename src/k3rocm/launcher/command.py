@@ -25,6 +25,9 @@ DEFAULT_VLLM_COMMAND = ("vllm", "serve")
 # `vllm`), so cpu-dev starts the OpenAI server module, which takes --model.
 CPU_DEV_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DRAIN_MIDDLEWARE = "k3rocm.container.drain.DrainMiddleware"
+# Added after the drain, so outermost: a request without the key is refused
+# before it counts as in flight.
+ACCESS_MIDDLEWARE = "k3rocm.container.api_access.ApiAccessMiddleware"
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ def build_launch(
     )
     if _serves_api(settings):
         lines.append(("--middleware", DRAIN_MIDDLEWARE))
+        lines.append(("--middleware", ACCESS_MIDDLEWARE))
         # The health check, Prometheus and the stall watchdog ask these every
         # few seconds; their access lines would bury the API's.
         lines.append(("--disable-access-log-for-endpoints", QUIET_ENDPOINTS))
