@@ -352,6 +352,17 @@ def test_the_dry_run_shows_the_legacy_metadata_path(capsys):
     assert "export K3_KDA_METADATA=legacy\n" in capsys.readouterr().out
 
 
+def test_the_dry_run_refuses_what_the_container_start_refuses(capsys):
+    """K3_KDA_METADATA=sideways (and any container setting the start would
+    refuse) fails the dry run too, with the start's message, exit 2."""
+    env = {**BASE_ENV, "K3_KDA_METADATA": "sideways", "K3_STALL_SECONDS": "-1"}
+    assert main(["--dry-run"], env) == 2
+    err = capsys.readouterr().err
+    assert "K3_KDA_METADATA is 'sideways'; set one of device, legacy" in err
+    assert "K3_STALL_SECONDS" in err
+    assert "export K3_KDA_METADATA" not in err
+
+
 def test_no_stale_golden_files():
     on_disk = {path.stem for path in GOLDEN_DIR.glob("*.txt")}
     assert on_disk == set(GOLDEN_CASES)

@@ -56,7 +56,6 @@ from k3rocm.contract import (
 )
 from k3rocm.launcher.__main__ import check as check_launch
 from k3rocm.setting_table import (
-    CONTAINER_SETTINGS,
     HOST,
     PORT,
     RUN_DIR,
@@ -131,8 +130,7 @@ def run() -> int:
     _fill_defaults()
     # Every setting problem at once, refused now: once, at once, with exit 2,
     # not as a vLLM that supervisord retries and the guard counts as crashes.
-    _, _, problems = check_launch([], os.environ)
-    problems += read_all(os.environ, CONTAINER_SETTINGS)[1]
+    _, _, problems = check_launch([], os.environ)  # container settings too
     problems += unwritable(os.environ)
     # The launcher's check above reports these settings' problems; a refused
     # one reads as its default here, and the start is refused below.
