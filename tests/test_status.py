@@ -89,6 +89,39 @@ def test_every_phase_from_stage1_to_draining(status, tmp_path):
     assert phase(scrape(status)) == "draining"
 
 
+def test_phase_seconds_count_from_the_phase_start_through_a_restart(tmp_path):
+    """The first scrape of a phase that began minutes ago reads minutes (the
+    issue saw 6.8e-07 s after five minutes of serving): marked phases from
+    their mark's time, stage1 from when the server first saw it, kept over a
+    restart of the status server."""
+    import os
+
+    from k3rocm.container.status import PhaseClock
+
+    clock = PhaseClock(tmp_path)
+    started = clock.began("stage1")
+    assert abs(started - time.time()) < 5
+    assert PhaseClock(tmp_path).began("stage1") == started  # a restart
+    ready = tmp_path / "ready"
+    ready.write_text("pass\n")
+    five_minutes_ago = time.time() - 300
+    os.utime(ready, (five_minutes_ago, five_minutes_ago))
+    assert PhaseClock(tmp_path).began("serving") == pytest.approx(five_minutes_ago)
+    (tmp_path / "phase-since.json").write_text("[not, json")
+    assert abs(PhaseClock(tmp_path).began("stage2") - time.time()) < 5
+
+
+def test_the_served_phase_seconds_read_from_the_ready_mark(status, tmp_path):
+    import os
+
+    (tmp_path / "stage1-done").write_text("pass\n")
+    (tmp_path / "ready").write_text("pass\n")
+    then = time.time() - 300
+    os.utime(tmp_path / "ready", (then, then))
+    seconds = scrape(status)["k3rocm_container_phase_seconds"]
+    assert seconds[(("phase", "serving"),)] == pytest.approx(300, abs=10)
+
+
 def test_stage2_is_when_vllm_answers(tmp_path, vllm_health):
     from k3rocm.container.status import current_phase
 

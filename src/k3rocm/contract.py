@@ -109,6 +109,14 @@ REASON_FILE = RunFile(
     "until the next start, which refuses to load again when it records a "
     "failed smoke test",
 )
+PHASE_SINCE = RunFile(
+    "phase-since.json",
+    "k3rocm.container.status",
+    "k3rocm.container.status",
+    "When the start-up phases without a mark of their own (stage1, stage2) "
+    "were first seen, so that a restarted status server keeps counting.",
+    _UNTIL_NEXT_START,
+)
 STALL_MARK = RunFile(
     "stalled",
     "k3rocm.container.watchdog",
@@ -139,6 +147,7 @@ RUN_FILES = (
     SMOKE_REPORT_NAME,
     DRAIN_MARK,
     REASON_FILE,
+    PHASE_SINCE,
     STALL_MARK,
     DEATHS_FILE,
     VLLM_GROUP_FILE,

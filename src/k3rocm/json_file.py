@@ -1,4 +1,5 @@
-"""Read a small JSON file that something else writes, whatever it holds.
+"""Read a small JSON file that something else writes, whatever it holds;
+write one atomically.
 
 The metrics plugin reads the smoke report on scrapes and the patch marker at
 start-up; neither may hang, exhaust memory or raise past its caller because
@@ -49,3 +50,11 @@ def read_json_file(path: Path, max_bytes: int = MAX_JSON_BYTES) -> object:
         raise UnreadableJson("it is nested too deeply") from None
     except ValueError as err:
         raise UnreadableJson(f"it is not JSON ({err})") from None
+
+
+def write_json_file(path: Path, document: object) -> None:
+    """Write ``document`` whole or not at all: a temporary file beside
+    ``path``, renamed over it, so a reader never sees half of it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(document) + "\n")
+    os.replace(tmp, path)

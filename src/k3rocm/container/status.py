@@ -11,7 +11,13 @@ Prometheus would see nothing of a start-up. supervisord's ``status`` program
     written), ``draining`` (a stop is draining), ``stopping`` (a stop reason
     was written: the container is about to exit).
 ``k3rocm_container_phase_seconds{phase}``
-    Seconds in the current phase (one series, the current phase's).
+    Seconds in the current phase (one series, the current phase's), counted
+    from when the phase began: the time its mark was written in the run
+    directory (loading: the stage-1 gate; serving: the ready mark;
+    draining, stopping: theirs); stage1 and stage2, which have none, from
+    when this server first saw them (stage1 from its own start, at the
+    container's; stage2 within a scrape of vLLM's first answer), kept in
+    ``phase-since.json`` so that a restarted server keeps counting.
 ``k3rocm_smoke_stage1_verdict``
     Smoke stage 1: 1 pass, 0 fail, -1 not finished.
 ``k3rocm_container_load_alert_seconds``
@@ -41,6 +47,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from k3rocm.contract import (
     DRAIN_MARK,
+    PHASE_SINCE,
     READY_MARK,
     REASON_FILE,
     STAGE1_GATE,
@@ -49,7 +56,7 @@ from k3rocm.contract import (
     run_dir,
     smoke_report_path,
 )
-from k3rocm.json_file import UnreadableJson, read_json_file
+from k3rocm.json_file import UnreadableJson, read_json_file, write_json_file
 from k3rocm.setting_table import (
     LOAD_ALERT_SECONDS,
     STALL_SECONDS,
@@ -96,6 +103,43 @@ def current_phase(directory: Path, base_url: str) -> str:
     return "stage2" if vllm_answers(base_url) else "loading"
 
 
+# The mark each phase begins with, where it has one.
+PHASE_MARKS = {
+    "loading": STAGE1_GATE,
+    "serving": READY_MARK,
+    "draining": DRAIN_MARK,
+    "stopping": REASON_FILE,
+}
+
+
+class PhaseClock:
+    """When the current phase began (epoch seconds)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.path = directory / PHASE_SINCE
+        try:
+            seen = read_json_file(self.path)
+            self.seen = {str(k): float(v) for k, v in seen.items()}
+        except (FileNotFoundError, UnreadableJson, AttributeError, ValueError):
+            self.seen = {}
+
+    def began(self, phase: str) -> float:
+        mark = PHASE_MARKS.get(phase)
+        if mark is not None:
+            try:
+                return (self.directory / mark).stat().st_mtime
+            except OSError:
+                pass  # gone between the look and now: count from here
+        if phase not in self.seen:
+            self.seen[phase] = time.time()
+            try:
+                write_json_file(self.path, self.seen)
+            except OSError:
+                pass  # counted in memory; a restart starts again
+        return self.seen[phase]
+
+
 def stage1_verdict(directory: Path, report: Path) -> int:
     """From the stage-1 gate (written when vLLM may start), else from the
     report (a stage 1 failed under `stop` writes no gate)."""
@@ -124,15 +168,12 @@ class StartupCollector:
         self.stall_seconds = stall
         self.report = smoke_report_path()
         self.lock = threading.Lock()
-        self.phase = ""
-        self.since = time.monotonic()
+        self.clock = PhaseClock(directory)
 
     def collect(self) -> Iterator[Metric]:
         phase = current_phase(self.directory, self.base_url)
         with self.lock:
-            if phase != self.phase:
-                self.phase, self.since = phase, time.monotonic()
-            seconds = time.monotonic() - self.since
+            seconds = max(0.0, time.time() - self.clock.began(phase))
         states = GaugeMetricFamily(
             PHASE_METRIC,
             "Start-up phase of the container: 1 for the current one.",
