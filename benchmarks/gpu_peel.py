@@ -405,12 +405,13 @@ def recurrent_host_cost(lens, reps=400) -> dict:
         # the kernel's heuristics (fused_recurrent.py)
         "HAS_DT_BIAS": True,
         "USE_LOWER_BOUND": True,
+        "num_stages": 2,  # a constexpr of the kernel and its launch option
     }
     args = [values[name] for name in RECURRENT_JIT.arg_names]
     grid = (-(-K // 32) * d * H, 1, 1)
     kwargs = dict(zip(RECURRENT_JIT.arg_names, args, strict=True))
     binary = fused_recurrent.fused_recurrent_kda_fwd_kernel[grid[:1]](
-        **kwargs, num_warps=4, num_stages=2
+        **kwargs, num_warps=4
     )
     direct = kda_chunk_launch._direct(binary)
     if direct is None:
@@ -427,7 +428,7 @@ def recurrent_host_cost(lens, reps=400) -> dict:
 
     def dispatcher():
         return fused_recurrent.fused_recurrent_kda_fwd_kernel[grid[:1]](
-            **kwargs, num_warps=4, num_stages=2
+            **kwargs, num_warps=4
         )
 
     pool0 = b.pool.clone()
