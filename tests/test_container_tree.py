@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -98,15 +99,41 @@ def test_smoke_passes_then_sigterm_stops_vllm_gracefully(container, tmp_path):
     assert health.returncode == 0, health.stdout
     assert metric_value(tree.port, "k3rocm_smoke_verdict") == 1
 
+    # 40 clients that sent a POST's headers and never its body (issue 31:
+    # one held a 30 s grace to its end, and supervisord SIGKILLed vLLM).
+    bodiless = [headers_only(tree.port) for _ in range(40)]
     # `docker stop`: SIGTERM to PID 1, which hands it to the wrapper only.
     started = time.monotonic()
     tree.process.send_signal(signal.SIGTERM)
     assert tree.wait_exit(45) == 0
-    assert time.monotonic() - started < 30  # K3_STOP_GRACE_SECONDS
+    assert time.monotonic() - started < 10  # K3_STOP_GRACE_SECONDS is 30
     # vLLM shut down on its own, not by supervisord's SIGKILL.
     assert "stopped: vllm (exit status 0)" in tree.log
-    assert "with SIGKILL" not in tree.log
+    assert "with SIGKILL" not in tree.log, [
+        line for line in tree.log.splitlines() if "SIGKILL" in line
+    ]
     assert session_processes(tree.process.pid) == []
+    answers = [answer_of(client) for client in bodiless]
+    assert all(a.startswith(b"HTTP/1.1 503") for a in answers), answers[:3]
+
+
+def headers_only(port: int) -> socket.socket:
+    """A connection that has sent a POST's headers, announcing a body it
+    never sends."""
+    client = socket.create_connection(("127.0.0.1", port), timeout=30)
+    client.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    )
+    return client
+
+
+def answer_of(client: socket.socket) -> bytes:
+    with client:
+        try:
+            return client.recv(200)
+        except OSError as err:
+            return repr(err).encode()
 
 
 @pytest.mark.server

@@ -198,3 +198,103 @@ def test_unset_grace_is_the_default():
     budgets = [StopBudget(STOP_GRACE_SECONDS.read(env)) for env in (
         {}, {"K3_STOP_GRACE_SECONDS": ""}, {"K3_STOP_GRACE_SECONDS": " "})]  # fmt: skip
     assert budgets == [StopBudget(120)] * 3
+
+
+def run_with_body(middleware, messages, *, drain_after=None, tmp_path=None):
+    """One POST whose body messages arrive as given (a float: wait that long
+    first; None: never arrives); with ``drain_after`` seconds, the drain
+    mark is written then. Returns (status, what the app received, in-flight
+    counts the app saw)."""
+    sent: dict = {"status": None}
+    got: list = []
+    counts: list = []
+    queue = list(messages)
+
+    async def receive():
+        while queue:
+            item = queue.pop(0)
+            if item is None:
+                await asyncio.Event().wait()  # never
+            if isinstance(item, float):
+                await asyncio.sleep(item)
+                continue
+            return item
+        await asyncio.Event().wait()
+
+    async def app(scope, app_receive, send):
+        counts.append(in_flight())
+        while True:
+            message = await app_receive()
+            got.append(message)
+            if not message.get("more_body", False):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            sent["status"] = message["status"]
+            sent["headers"] = dict(message.get("headers", []))
+
+    async def main():
+        wrapped = drain.DrainMiddleware(app)
+        if drain_after is not None:
+
+            async def mark():
+                await asyncio.sleep(drain_after)
+                drain.write_drain_mark(tmp_path, time.time() + 60)
+
+            marker = asyncio.ensure_future(mark())
+        scope = {"type": "http", "path": "/v1/completions", "method": "POST"}
+        await asyncio.wait_for(wrapped(scope, receive, send), 10)
+        if drain_after is not None:
+            await marker
+
+    asyncio.run(main())
+    return sent, got, counts
+
+
+def chunk(body: bytes, more: bool) -> dict:
+    return {"type": "http.request", "body": body, "more_body": more}
+
+
+def test_a_body_in_pieces_reaches_the_app_whole_and_counts_only_then(middleware):
+    before = in_flight()
+    sent, got, counts = run_with_body(
+        middleware, [chunk(b'{"a"', True), 0.3, chunk(b": 1}", False)]
+    )
+    assert sent["status"] == 200
+    assert b"".join(m["body"] for m in got) == b'{"a": 1}'
+    assert counts == [before + 1]
+    assert in_flight() == before
+
+
+def test_a_body_that_never_comes_is_answered_408_and_never_counted(
+    middleware, monkeypatch
+):
+    monkeypatch.setattr(drain, "BODY_SECONDS", 0.6)
+    before = in_flight()
+    started = time.monotonic()
+    sent, got, counts = run_with_body(middleware, [chunk(b"{", True), None])
+    assert sent["status"] == 408 and sent["headers"][b"connection"] == b"close"
+    assert 0.5 < time.monotonic() - started < 3
+    assert got == [] and counts == []
+    assert in_flight() == before
+
+
+def test_a_drain_answers_a_bodiless_request_503_at_once(middleware, tmp_path):
+    """Headers sent, the body never: the drain mark closes it within a poll,
+    without it ever counting as in flight (it cannot hold the stop)."""
+    before = in_flight()
+    started = time.monotonic()
+    sent, _, counts = run_with_body(
+        middleware, [None], drain_after=0.3, tmp_path=tmp_path
+    )
+    assert sent["status"] == 503 and sent["headers"][b"connection"] == b"close"
+    assert time.monotonic() - started < 0.3 + 2 * drain.BODY_POLL_SECONDS + 0.5
+    assert counts == [] and in_flight() == before
+
+
+def test_a_client_gone_before_its_body_leaves_nothing(middleware):
+    sent, _, counts = run_with_body(middleware, [{"type": "http.disconnect"}])
+    assert sent["status"] is None and counts == []

@@ -12,7 +12,11 @@ every API server process) counts the requests in flight
 (``k3rocm_api_requests_in_flight``) and, once the drain mark exists in the
 run directory, answers every new request (``/health`` included, so load
 balancers take the server out) with HTTP 503 and ``Retry-After``; only
-``/metrics`` stays open. A stream still open when the drain deadline in the
+``/metrics`` stays open. A request counts once its body has arrived whole:
+it reads the body first, and a body that has not arrived within
+``BODY_SECONDS`` is answered 408, one still awaited when a drain starts
+503, each closing the connection, so a client that sends headers and never
+a body holds no stop. A stream still open when the drain deadline in the
 mark has passed gets an error event and ``[DONE]``, so its client knows why
 it ends.
 
@@ -23,6 +27,7 @@ then stops vLLM (see k3rocm.container.stop_budget).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -40,6 +45,10 @@ IN_FLIGHT_METRIC = "k3rocm_api_requests_in_flight"
 # Paths that are neither counted nor refused: Prometheus keeps scraping.
 UNGUARDED_PATHS = frozenset({"/metrics"})
 RETRY_AFTER_SECONDS = 30
+# A request body must have arrived whole within this; while it is awaited,
+# the drain mark is looked for this often.
+BODY_SECONDS = 60.0
+BODY_POLL_SECONDS = 0.25
 # A stream checks the deadline at most this often (not on every token).
 DEADLINE_POLL_SECONDS = 0.5
 
@@ -56,6 +65,10 @@ IN_FLIGHT = Gauge(
 REFUSED = Counter(
     "k3rocm_api_requests_refused_draining",
     "HTTP requests refused with 503 because the server is draining for a stop.",
+)
+BODY_TIMEOUTS = Counter(
+    "k3rocm_api_requests_body_timeouts",
+    "HTTP requests answered 408 because their body did not arrive in time.",
 )
 
 
@@ -93,6 +106,13 @@ class DrainMiddleware:
         if scope["type"] != "http" or scope.get("path") in UNGUARDED_PATHS:
             await self.app(scope, receive, send)
             return
+        if read_drain_deadline(self.directory) is not None:
+            REFUSED.inc()
+            await _refuse(send)
+            return
+        body = await self._read_body(receive, send)
+        if body is None:
+            return  # answered (408, 503) or the client left
         # The check and the count happen in one step of the event loop, so a
         # drain that sees zero in flight cannot miss a request accepted before
         # its mark.
@@ -103,35 +123,82 @@ class DrainMiddleware:
         IN_FLIGHT.inc()
         guard = _DeadlineGuard(send, self.directory)
         try:
-            await self.app(scope, receive, guard)
+            await self.app(scope, _replay(body, receive), guard)
         finally:
             IN_FLIGHT.dec()
             await guard.close()
 
+    async def _read_body(self, receive: Receive, send: Send) -> list | None:
+        """The request's body messages, whole; None where it was answered
+        instead (408 past BODY_SECONDS, 503 once a drain starts) or the
+        client disconnected."""
+        messages: list[Message] = []
+        deadline = time.monotonic() + BODY_SECONDS
+        pending = None
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(receive())
+            done, _ = await asyncio.wait({pending}, timeout=BODY_POLL_SECONDS)
+            if done:
+                message, pending = pending.result(), None
+                if message["type"] == "http.disconnect":
+                    return None
+                messages.append(message)
+                if not message.get("more_body", False):
+                    return messages
+                continue
+            if read_drain_deadline(self.directory) is not None:
+                REFUSED.inc()
+                await _refuse(send)
+            elif time.monotonic() >= deadline:
+                BODY_TIMEOUTS.inc()
+                await _answer(send, 408, _BODY_TIMEOUT_MESSAGE, "RequestTimeout")
+            else:
+                continue
+            pending.cancel()
+            return None
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """``receive`` that hands out the body read already, then the client's
+    later messages (a disconnect)."""
+    queued = list(messages)
+
+    async def replay() -> Message:
+        if queued:
+            return queued.pop(0)
+        return await receive()
+
+    return replay
+
+
+_DRAINING_MESSAGE = (
+    "the server is draining for a stop and takes no new requests; retry on "
+    "another replica or after it restarts"
+)
+_BODY_TIMEOUT_MESSAGE = (
+    f"the request body did not arrive within {BODY_SECONDS:.0f} s; send it "
+    "with the headers"
+)
+
 
 async def _refuse(send: Send) -> None:
+    await _answer(send, 503, _DRAINING_MESSAGE, "ServiceUnavailable")
+
+
+async def _answer(send: Send, status: int, message: str, kind: str) -> None:
+    """A JSON error that closes the connection."""
     body = json.dumps(
-        {
-            "error": {
-                "message": "the server is draining for a stop and takes no new "
-                "requests; retry on another replica or after it restarts",
-                "type": "ServiceUnavailable",
-                "code": 503,
-            }
-        }
+        {"error": {"message": message, "type": kind, "code": status}}
     ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"retry-after", str(RETRY_AFTER_SECONDS).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    if status == 503:
+        headers.append((b"retry-after", str(RETRY_AFTER_SECONDS).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
