@@ -30,6 +30,7 @@ alike (gather_initial_states, the state write-back). Measured:
     python3 benchmarks/gpu_peel.py      # needs .gpu/ (gpu_bundle.py)
 """
 
+import functools
 import gc
 import json
 import os
@@ -137,9 +138,14 @@ class Batch:
         dev, _, (indices, offsets) = meta
         return gkl.call_args(self.prefill, dev, indices, offsets)
 
-    def recurrent(self):
+    def recurrent(self, wrapper=False):
+        """The decodes' call as patch 0004 makes it (through the launch of
+        patch 0005, recurrent_kda_launched), or the wrapper itself."""
         x, s = self.inputs, self.split
-        fused_recurrent.fused_recurrent_kda(
+        call = fused_recurrent.fused_recurrent_kda
+        if not wrapper:
+            call = functools.partial(kda_chunk_launch.recurrent_kda_launched, call)
+        call(
             q=x["q"][:, :s],
             k=x["k"][:, :s],
             v=x["v"][:, :s],
@@ -229,7 +235,8 @@ def compiles_after_warm_up(steps=3000) -> dict:
         start = time.perf_counter()
         if decodes:
             mixed += 1
-            fused_recurrent.fused_recurrent_kda(
+            kda_chunk_launch.recurrent_kda_launched(
+                fused_recurrent.fused_recurrent_kda,
                 q=b["q"][:, :decodes],
                 k=b["k"][:, :decodes],
                 v=b["v"][:, :decodes],
@@ -280,6 +287,9 @@ def compiles_after_warm_up(steps=3000) -> dict:
         "chunk plans refused during the steps": kda_chunk_launch.STATS["plans_refused"]
         - refused_before,
         "recurrent binaries compiled during the steps": rec_by_step[-1],
+        "recurrent launches (patch 0005) after the steps": dict(
+            kda_chunk_launch.RECURRENT_STATS
+        ),
         "steps at which the recurrent kernel compiled": first_compiles,
         "host us per step's layer call (recurrent + chunk): median / p99 / worst": [
             statistics.median(host_us),
@@ -351,6 +361,40 @@ def per_call_rounds(lens, calls=20, rounds=2 * ROUNDS) -> dict:
             max(paired_host),
         ],
     }
+
+
+# ------------------------------------------ recurrent launch, bitwise
+
+
+def recurrent_launch_bitwise() -> dict:
+    """Per mixed shape: outputs and state pool of patch 0005's launch of the
+    recurrent kernel (its plan made by a first call) against the wrapper's,
+    from the same pool, bitwise."""
+    result = {}
+    for name, lens in SHAPES.items():
+        if lens[0] != 1:
+            continue
+        b = Batch(lens, seed=5)
+        start = b.pool.clone()
+        b.recurrent()  # the first call of the kind: the wrapper, then a plan
+        made = dict(kda_chunk_launch.RECURRENT_STATS)
+        outs = {}
+        for side in ("wrapper", "launched"):
+            b.pool.copy_(start)
+            b.out.fill_(float("nan"))
+            b.recurrent(wrapper=side == "wrapper")
+            torch.cuda.synchronize()
+            s = b.split
+            outs[side] = (b.out[:, :s].clone(), b.pool.clone())
+        result[name] = {
+            "bitwise": all(
+                torch.equal(x, y)
+                for x, y in zip(outs["wrapper"], outs["launched"], strict=True)
+            ),
+            "stats after the first call": made,
+            "stats after": dict(kda_chunk_launch.RECURRENT_STATS),
+        }
+    return result
 
 
 # ------------------------------------------------ recurrent host cost
@@ -443,7 +487,8 @@ def recurrent_host_cost(lens, reps=400) -> dict:
         torch.equal(b.pool, pool_ref)
     )
     parts = {
-        "wrapper fused_recurrent_kda": b.recurrent,
+        "wrapper fused_recurrent_kda": functools.partial(b.recurrent, True),
+        "recurrent_kda_launched (patch 0005)": b.recurrent,
         "kernel[grid](...)": dispatcher,
         "direct launch": launch_direct,
     }
@@ -621,6 +666,9 @@ def main():
             json.dumps(report, indent=1, default=str)
         )
         return
+    report["recurrent_launch_bitwise"] = recurrent_launch_bitwise()
+    bitwise = report["recurrent_launch_bitwise"]
+    print("recurrent bitwise", json.dumps(bitwise), flush=True)
     report["warm_up"] = gkl.warm_up()
     print("warm-up", json.dumps(report["warm_up"])[:300], flush=True)
     report["compiles_after_warm_up"] = compiles_after_warm_up()

@@ -253,3 +253,114 @@ def test_launched_sequence_is_bitwise_the_vendored_path(lower_bound, monkeypatch
         interpreted(lower_bound, upper_zeros_off=True), consts, False, *control
     )
     assert not torch.equal(unzeroed[0], expected[0])
+
+
+# ---------------------------------------- the recurrent launch (peeled decodes)
+
+
+def decode_call(decodes=3, heads=HEADS, dim=HEAD_DIM, slots=8):
+    """fused_recurrent_kda's keyword arguments as patch 0004 passes them for
+    a mixed batch's decodes: views of the layer's buffers, the state pool,
+    a column of the block table as state indices."""
+    g = torch.Generator().manual_seed(7)
+    tokens = decodes + 5  # the prefill slice follows
+
+    def randn(*size):
+        return torch.randn(*size, generator=g)
+
+    projected = randn(tokens, 3 * heads * dim + heads + dim)
+    beta = projected[:, 3 * heads * dim : 3 * heads * dim + heads].unsqueeze(0)
+    block_table = torch.arange(1, 1 + 2 * (decodes + 1), dtype=torch.int32)
+    return {
+        **{n: randn(1, tokens, heads, dim)[:, :decodes] for n in "qkv"},
+        "raw_g": randn(1, tokens, heads, dim)[:, :decodes],
+        "raw_beta": beta[:, :decodes],
+        "A_log": randn(heads), "dt_bias": randn(heads * dim), "lower_bound": -5.0,
+        "initial_state": randn(slots, heads, dim, dim),
+        "cu_seqlens": torch.arange(decodes + 1, dtype=torch.int32),
+        "ssm_state_indices": block_table.reshape(-1, 2)[:decodes, 0],
+        "out": torch.empty(1, tokens, heads, dim)[:, :decodes],
+    }  # fmt: skip
+
+
+class KernelRecorder:
+    """Stands in for fused_recurrent_kda_fwd_kernel under the wrapper:
+    records ``kernel[grid](**kwargs)``."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def launch(**kwargs):
+            self.calls.append((grid, kwargs))
+
+        return launch
+
+
+@pytest.mark.parametrize("lower_bound", [-5.0, None], ids=["safe-gate", "no-bound"])
+@pytest.mark.parametrize("dt_bias", [True, False], ids=["bias", "no-bias"])
+def test_the_recurrent_launch_passes_what_the_wrapper_passes(
+    lower_bound, dt_bias, monkeypatch
+):
+    """The direct launch's arguments are, name by name, those vLLM's
+    wrapper hands Triton for the same call, plus the values the kernel's
+    heuristics add; its grid is the wrapper's."""
+    from vllm.models.kimi_k3.amd.ops.third_party.kda import fused_recurrent
+
+    kwargs = decode_call() | {"lower_bound": lower_bound}
+    if not dt_bias:
+        kwargs["dt_bias"] = None
+    kernel = fused_recurrent.fused_recurrent_kda_fwd_kernel
+    jit, _ = launch.unwrap(kernel)
+    recorder = KernelRecorder()
+    monkeypatch.setattr(fused_recurrent, "fused_recurrent_kda_fwd_kernel", recorder)
+    fused_recurrent.fused_recurrent_kda(**kwargs)
+    ((grid, theirs),) = recorder.calls
+    ours = dict(
+        zip(jit.arg_names, launch._recurrent_arguments(*kwargs.values()), strict=True)
+    )
+    heuristics = {
+        name: rule(theirs) for name, rule in kernel.values.items()
+    }  # the decorator's
+    assert heuristics.keys() == {"IS_SPEC_DECODING", "HAS_DT_BIAS", "USE_LOWER_BOUND"}
+    for name, value in ours.items():
+        expected = heuristics[name] if name in heuristics else theirs[name]
+        if torch.is_tensor(value) or value is None:
+            assert value is expected, name
+        else:
+            assert value == expected and type(value) is type(expected), name
+    assert (launch._recurrent_grid(tuple(ours.values())),) == tuple(grid)
+    assert launch._recurrent_layout(*kwargs.values())
+
+
+def test_the_recurrent_kinds_follow_what_the_binary_depends_on():
+    def kind(call):
+        return launch._recurrent_key(launch._recurrent_arguments(*call.values()))
+
+    base = decode_call()
+    # More decodes: N and T are not specialized.
+    assert kind(decode_call(decodes=5)) == kind(base)
+    # A pool whose blocks are padded (vLLM's hybrid page layout): handled,
+    # and another kind (its row stride is a constexpr); so is a wider
+    # block table's column of state indices.
+    blocks = torch.zeros(8, 3, HEADS, HEAD_DIM, HEAD_DIM)[:, 0]
+    padded = base | {"initial_state": blocks}
+    assert launch._recurrent_layout(*padded.values())
+    assert kind(padded) != kind(base)
+    table = torch.arange(1, 13, dtype=torch.int32).reshape(-1, 4)
+    assert kind(base | {"ssm_state_indices": table[:3, 0]}) != kind(base)
+    transposed = base | {"initial_state": base["initial_state"].mT}
+    assert not launch._recurrent_layout(*transposed.values())
+
+
+def test_the_interpreter_runs_the_recurrent_wrapper_with_the_same_arguments():
+    assert launch.DIRECT is False
+    seen = []
+    kwargs = decode_call()
+    before = dict(launch.RECURRENT_STATS)
+    launch.recurrent_kda_launched(lambda **kw: seen.append(kw), **kwargs)
+    (call,) = seen
+    assert call.keys() == kwargs.keys()
+    assert all(call[n] is kwargs[n] for n in kwargs)
+    assert launch.RECURRENT_STATS["vendored_calls"] == before["vendored_calls"] + 1
+    assert launch.RECURRENT_STATS["plans_made"] == before["plans_made"]

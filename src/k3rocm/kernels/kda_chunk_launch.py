@@ -704,3 +704,133 @@ def warm_up_chunk_kda(
         STATS["plans_made"] - before,
         time.perf_counter() - start,
     )
+
+
+# ------------------------------------------------------------------------
+# The recurrent kernel that takes a mixed batch's decodes (patch 0004 peels
+# them off chunk KDA): fused_recurrent_kda as the layer calls it there (gate
+# and beta sigmoid fused, q/k L2-normalized in the kernel, one token per
+# sequence), through a plan of its kind as well. Its wrapper and Triton's
+# dispatcher cost more host time than the kernel runs (docs/benchmarks.md).
+# It has no warm-up: the kernel bakes the state pool's and the state
+# indices' row strides in, which only the first mixed step shows; that
+# call runs vLLM's wrapper and its binary is planned after it.
+_RECURRENT_BV = 32  # the wrapper's block with the gate in the kernel
+_RECURRENT_WARPS = 4
+_RECURRENT_STAGES = 2
+
+
+def _recurrent_kernel():
+    from vllm.models.kimi_k3.amd.ops.third_party.kda import fused_recurrent
+
+    return fused_recurrent.fused_recurrent_kda_fwd_kernel
+
+
+def _recurrent_arguments(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
+                         state, cu_seqlens, state_indices, out) -> tuple:  # fmt: skip
+    """The kernel's arguments in its parameter order, as the wrapper
+    (fused_recurrent_kda_fwd) and the kernel's heuristics make them."""
+    T, H, K = q.shape[1], q.shape[2], q.shape[3]
+    V = v.shape[-1]
+    return (
+        q, k, v, raw_g, raw_beta, A_log, dt_bias, out, state, cu_seqlens,
+        state_indices, None, lower_bound, K**-0.5, cu_seqlens.shape[0] - 1, T,
+        H, K, V, triton.next_power_of_2(K), _RECURRENT_BV, q.stride(1),
+        raw_g.stride(1), raw_beta.stride(1), out.stride(1), state.stride(0),
+        state_indices.stride(0), False, True, True, True, dt_bias is not None,
+        lower_bound is not None, _RECURRENT_STAGES,
+    )  # fmt: skip
+
+
+def _recurrent_layout(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
+                      state, cu_seqlens, state_indices, out) -> bool:  # fmt: skip
+    """Calls the plans cover, on a GPU (``q.is_cuda`` too): what the wrapper
+    asserts of them, one token per sequence."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    return (
+        B == 1
+        and k.shape == q.shape
+        and v.shape == out.shape == (1, T, H, V)
+        and raw_g.shape == (1, T, H, K)
+        and raw_beta.shape == (1, T, H)
+        and q.stride()[2:] == k.stride()[2:] == raw_g.stride()[2:] == (K, 1)
+        and v.stride()[2:] == out.stride()[2:] == (V, 1)
+        and raw_beta.stride(2) == 1
+        and q.stride(1) == k.stride(1) == v.stride(1)
+        and state.shape[1:] == (H, V, K)
+        and state.stride()[1:] == (V * K, K, 1)
+        and state_indices.ndim == 1
+        and cu_seqlens.shape[0] - 1 == T == state_indices.shape[0]
+        and cu_seqlens.is_contiguous()
+        and A_log.is_contiguous()
+        and (dt_bias is None or dt_bias.is_contiguous())
+        and (lower_bound is None or type(lower_bound) is float)
+    )
+
+
+def _recurrent_key(args: tuple) -> tuple:
+    """Everything the kernel's binary depends on: the device, every
+    tensor's dtype and 16-byte alignment, the constexprs (the dimensions,
+    strides and flags), which optional inputs are given."""
+    tensors = [a for a in args if torch.is_tensor(a)]
+    constexprs = args[13:14] + args[16:]  # scale; H, K, V, blocks, strides, flags
+    return (
+        tensors[0].get_device(),
+        tuple(t.dtype for t in tensors),
+        _misaligned(*tensors),
+        tuple(a is None for a in args[:13]),
+        constexprs,
+    )
+
+
+_RECURRENT_PLANS: dict[tuple, tuple] = {}
+RECURRENT_STATS = {"vendored_calls": 0, "plans_made": 0}
+
+
+def recurrent_kda_launched(vendored, q, k, v, raw_g, raw_beta, A_log, dt_bias,
+                           lower_bound, initial_state, cu_seqlens,
+                           ssm_state_indices, out):  # fmt: skip
+    """``vendored(...)`` (fused_recurrent_kda, keyword arguments as patch
+    0004 passes them) for a mixed batch's decodes: through the plan of the
+    call's kind; else through ``vendored``, planning the kind after it.
+    Writes the outputs into ``out`` and the states into ``initial_state``
+    in place, as the wrapper does."""
+    call = (q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
+            initial_state, cu_seqlens, ssm_state_indices, out)  # fmt: skip
+    key = None
+    if DIRECT and q.is_cuda and _recurrent_layout(*call):
+        args = _recurrent_arguments(*call)
+        key = _recurrent_key(args)
+        plan = _RECURRENT_PLANS.get(key)
+        if plan is not None:
+            run, function, packed_metadata = plan
+            pointers = (a.data_ptr() if torch.is_tensor(a) else a for a in args)
+            run(_recurrent_grid(args), 1, 1, _current_stream(key[0]), function,
+                packed_metadata, None, None, None, *pointers)  # fmt: skip
+            return out, initial_state
+    RECURRENT_STATS["vendored_calls"] += 1
+    result = vendored(
+        q=q, k=k, v=v, raw_g=raw_g, raw_beta=raw_beta, A_log=A_log,
+        dt_bias=dt_bias, lower_bound=lower_bound, initial_state=initial_state,
+        cu_seqlens=cu_seqlens, ssm_state_indices=ssm_state_indices, out=out,
+    )  # fmt: skip
+    if key is not None and key not in _RECURRENT_PLANS:
+        # num_stages is a constexpr of the kernel and its compile option
+        # both; given by name it is both, as the wrapper gives it.
+        jit, _ = unwrap(_recurrent_kernel())
+        binary = jit.run(
+            *args[:-1], grid=(1,), warmup=True, num_warps=_RECURRENT_WARPS,
+            num_stages=args[-1],
+        )  # fmt: skip
+        direct = _direct(binary)
+        if direct is not None:
+            _RECURRENT_PLANS[key] = direct
+            RECURRENT_STATS["plans_made"] += 1
+    return result
+
+
+def _recurrent_grid(args: tuple) -> int:
+    """The wrapper's grid: a program per value block, sequence and head."""
+    H, V = args[16], args[18]
+    return -(-V // _RECURRENT_BV) * args[14] * H
