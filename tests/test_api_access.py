@@ -138,18 +138,31 @@ def test_the_invocations_route_runs_nothing_without_the_key(monkeypatch, tmp_pat
 
 
 def test_a_preflight_passes_and_the_root_path_is_stripped():
-    seen = []
+    """OPTIONS passes; under a root path (vLLM's --root-path) the check
+    reads the path below it, so /api/health is open and /api/docs admin."""
+    import asyncio
+
+    passed, sent = [], []
 
     async def app(scope, receive, send):
-        seen.append(scope["path"])
+        passed.append(scope["path"])
+
+    async def send(message):
+        sent.append(message)
 
     middleware = api_access.ApiAccessMiddleware(app, {api_access.KEY_ENV: KEY})
-    assert middleware.decide("/v1/completions", "OPTIONS", []) == 200
-    assert (
-        middleware.decide(
-            "/docs/", "GET", [(b"authorization", f"Bearer {KEY}".encode())]
-        )
-        == 404
-    )
-    assert middleware.decide("/health", "GET", []) == 200
-    assert middleware.decide("/healthz", "GET", []) == 401
+    key = [(b"authorization", f"Bearer {KEY}".encode())]
+
+    def status(path, method="GET", headers=(), root=""):
+        passed.clear(), sent.clear()
+        scope = {"type": "http", "path": path, "root_path": root,
+                 "method": method, "headers": list(headers)}  # fmt: skip
+        asyncio.run(middleware(scope, None, send))
+        return 200 if passed else sent[0]["status"]
+
+    assert status("/v1/completions", "OPTIONS") == 200
+    assert status("/v1/completions") == 401
+    assert status("/api/health", root="/api") == 200
+    assert status("/api/docs/", headers=key, root="/api") == 404
+    assert status("/api/v1/models", headers=key, root="/api") == 200
+    assert status("/healthz") == 401

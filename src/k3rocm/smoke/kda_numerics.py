@@ -13,9 +13,12 @@ does anything like it fails the smoke test, so the server never turns
 healthy.
 
 On a GPU: bf16 inputs, the model's head size (128), the caching allocator
-poisoned with NaN bytes first, well under a second. In the Triton
-interpreter (the CPU development profile): float32 (it has no bf16
-arithmetic) and head size 32, a few seconds.
+poisoned with NaN bytes first. Its first chunk KDA call autotunes and
+compiles the chunk kernels, which on a cold Triton cache takes over a
+minute (measured on an H200, docs/benchmarks.md; stage 1 allows 900 s) and
+with the cache volume is a cache load; the warm run was not measured. In
+the Triton interpreter (the CPU development profile): float32 (it has no
+bf16 arithmetic) and head size 32, about 5-10 s on two cores.
 """
 
 from __future__ import annotations
