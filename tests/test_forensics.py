@@ -142,3 +142,119 @@ def test_the_granted_capability_is_what_the_kernel_gives_a_non_root_user(tmp_pat
 def _state(pid: int) -> str:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat[stat.rindex(")") + 2]
+
+
+# A group whose processes registered the real stack handler (the general
+# plugin vLLM would call) and then hang for real: the leader on a lock it
+# already holds, its forked child in a sleep. A third process, never
+# registered, is in the group too.
+HANDLED_PROGRAM = """
+import multiprocessing, subprocess, sys, threading, time
+from k3rocm.plugin import stack_handler
+
+def worker_sleeping_forever():
+    stack_handler.register()
+    time.sleep(1000)
+
+def engine_deadlocked_on_its_lock():
+    stack_handler.register()
+    child = multiprocessing.get_context("fork").Process(target=worker_sleeping_forever)
+    child.start()
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(999)"])
+    print(child.pid, bystander.pid, flush=True)
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire()
+
+engine_deadlocked_on_its_lock()
+"""
+
+
+@pytest.fixture
+def hung_group(tmp_path):
+    """(group, leader, child, bystander, handlers directory)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    leader = subprocess.Popen(
+        [sys.executable, "-c", HANDLED_PROGRAM],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "K3_RUN_DIR": str(run)},
+    )
+    child, bystander = map(int, leader.stdout.readline().split())
+    handlers = run / "stack-handlers"
+    deadline = time.monotonic() + 10
+    while len(list(handlers.glob("*.txt"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # both inside their hang
+    try:
+        yield leader.pid, leader.pid, child, bystander, handlers
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+
+
+def test_where_py_spy_cannot_read_a_hung_process_it_writes_its_own_stacks(
+    hung_group, tmp_path, monkeypatch
+):
+    """py-spy absent stands in for one without SYS_PTRACE (the container test
+    under --cap-drop ALL has the real refusal): each registered process's
+    block holds its own frames, from faulthandler, the parent's file none of
+    its forked child's; the unregistered process is not signalled (SIGUSR2
+    would kill it) and says why."""
+    group, leader, child, bystander, handlers = hung_group
+    monkeypatch.setattr(forensics, "py_spy", lambda: None)
+    logged = []
+    forensics.capture(
+        "hang", group, tmp_path / "f", lambda _: None, logged.append, handlers
+    )
+    blocks = {int(block.split()[4]): block for block in logged}
+    assert set(blocks) == {leader, child, bystander}
+    # (The child's stack holds its parent's frames below its own: a fork.)
+    for pid in (leader, child):
+        assert "py-spy: py-spy is not installed" in blocks[pid], blocks[pid]
+        assert "faulthandler on SIGUSR2" in blocks[pid]
+    assert "in engine_deadlocked_on_its_lock" in blocks[leader], blocks[leader]
+    assert "worker_sleeping_forever" not in blocks[leader], blocks[leader]
+    assert "in worker_sleeping_forever" in blocks[child], blocks[child]
+    assert (
+        "no stacks: py-spy is not installed; no stacks on a signal either: "
+        "it registered no stack handler" in blocks[bystander]
+    ), blocks[bystander]
+    assert _state(bystander) != "Z" and Path(f"/proc/{bystander}").exists()
+    # Asked again, each answers again with only the new dump.
+    again = forensics.signalled_stacks(leader, handlers)
+    assert again[0] and again[1].count("engine_deadlocked_on_its_lock") == 1
+
+
+def test_a_stopped_process_does_not_answer_and_a_reused_pid_is_not_signalled(
+    hung_group,
+):
+    *_, child, bystander, handlers = hung_group
+    os.kill(child, signal.SIGSTOP)
+    answered, why = forensics.signalled_stacks(child, handlers, wait=1)
+    assert not answered and "did not answer SIGUSR2 within 1 s" in why, why
+    # A file another process of the same pid left (another start time).
+    (handlers / f"{bystander}-1.txt").write_bytes(b"")
+    answered, why = forensics.signalled_stacks(bystander, handlers, wait=1)
+    assert not answered and "registered no stack handler" in why
+    assert _state(bystander) in "SR", _state(bystander)
+
+
+def test_the_stack_handler_registers_nothing_outside_the_container(tmp_path):
+    absent = tmp_path / "no-run-dir"
+    code = (
+        "import faulthandler, signal\n"
+        "from k3rocm.plugin import stack_handler\n"
+        "stack_handler.register()\n"
+        "print(faulthandler.unregister(signal.SIGUSR2))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "K3_RUN_DIR": str(absent)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.strip() == "False" and not absent.exists()

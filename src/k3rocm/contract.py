@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,6 +142,15 @@ VLLM_GROUP_FILE = RunFile(
     "of it, a stall's stack capture dumps every process in it.",
     "replaced by each vLLM start",
 )
+STACK_HANDLERS = RunFile(
+    "stack-handlers",
+    "k3rocm.plugin.stack_handler (in every vLLM process)",
+    "k3rocm.container.forensics (a stall's stack capture)",
+    "A directory: one file per vLLM process that writes its Python stacks "
+    "there on SIGUSR2 (faulthandler), named by its pid and start time; the "
+    "capture signals these where py-spy cannot attach.",
+    _UNTIL_NEXT_START,
+)
 RUN_FILES = (
     STAGE1_GATE,
     READY_MARK,
@@ -151,7 +161,26 @@ RUN_FILES = (
     STALL_MARK,
     DEATHS_FILE,
     VLLM_GROUP_FILE,
+    STACK_HANDLERS,
 )
+
+# The signal on which a vLLM process writes its stacks (faulthandler); vLLM
+# and torch use neither SIGUSR1 nor SIGUSR2 (checked on 0.27.1).
+STACK_SIGNAL = signal.SIGUSR2
+
+
+def stack_handler_file(directory: Path, pid: int) -> Path | None:
+    """The stack file of the process ``pid`` now is, in ``directory``
+    (STACK_HANDLERS): named by pid and start time, so that a pid a dead vLLM
+    process left behind is never taken for the process that has it now.
+    None where the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # After the parenthesised name: state is field 3, start time field 22.
+    started = stat[stat.rindex(")") + 2 :].split()[19]
+    return directory / f"{pid}-{started}.txt"
 
 
 def run_files_table() -> str:

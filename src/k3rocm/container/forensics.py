@@ -11,8 +11,10 @@ the same user unless Yama's ``ptrace_scope`` is 1 or more (Ubuntu's default);
 then it needs CAP_SYS_PTRACE. The image gives the py-spy binary that
 capability as a file capability, which works only where the container's
 bounding set holds it: compose.yaml adds SYS_PTRACE for that reason. Where
-py-spy cannot read a process, its block says why in one line and the capture
-goes on.
+py-spy cannot read a process, the capture asks the process itself: every vLLM
+process registered faulthandler on STACK_SIGNAL (k3rocm.plugin.stack_handler),
+which needs no capability but cannot reach a stopped process. Where neither
+works, the block says why in one line and the capture goes on.
 
     python -m k3rocm.container.forensics grant-ptrace    (a build step, as root)
 """
@@ -30,11 +32,17 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from k3rocm.contract import STACK_SIGNAL, stack_handler_file
 from k3rocm.setting_table import FORENSICS_DIR
 
 # A dump that takes longer than this is given up (the process may be in a
 # state py-spy cannot read); the next process is still dumped.
 DUMP_TIMEOUT_SECONDS = 30
+# A process that has not written its stacks this long after the signal is
+# not answering it (stopped, or its handler's file is gone).
+SIGNAL_ANSWER_SECONDS = 5.0
+# The handler writes in one go; a file this long unchanged is complete.
+_SETTLED_SECONDS = 0.3
 BEGIN, END = "===== k3rocm stacks", "===== end of k3rocm stacks"
 # The xattr a file capability lives in, and its revision-2 layout: magic with
 # the effective bit, then permitted and inheritable sets (low, high words).
@@ -140,6 +148,57 @@ _PTRACE_HINT = (
 )
 
 
+def signalled_stacks(
+    pid: int, handlers: Path, wait: float = SIGNAL_ANSWER_SECONDS
+) -> tuple[bool, str]:
+    """(True, stacks) that the process wrote on STACK_SIGNAL into its file
+    under ``handlers`` (k3rocm.plugin.stack_handler), or (False, why not).
+    Only a process with a file of its own is signalled: to one without a
+    handler the signal would be fatal."""
+    path = stack_handler_file(handlers, pid)
+    if path is None or not path.is_file():
+        return False, "it registered no stack handler (it loaded no vLLM plugins)"
+    before = path.stat().st_size
+    try:
+        os.kill(pid, STACK_SIGNAL)
+    except OSError as err:
+        return False, f"cannot signal it: {err}"
+    deadline = time.monotonic() + wait
+    size, changed_at = before, None
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now_size = path.stat().st_size
+        if now_size != size:
+            size, changed_at = now_size, time.monotonic()
+        elif changed_at and time.monotonic() - changed_at >= _SETTLED_SECONDS:
+            break
+    if size == before:
+        return False, (
+            f"it did not answer {STACK_SIGNAL.name} within {wait:g} s (a "
+            "stopped process holds signals; py-spy with SYS_PTRACE reads it)"
+        )
+    with path.open("rb") as kept:
+        kept.seek(before)
+        text = kept.read(size - before).decode(errors="replace").rstrip()
+    return True, f"(faulthandler on {STACK_SIGNAL.name}: Python frames only)\n{text}"
+
+
+def process_stacks(
+    pid: int, binary: str | None, handlers: Path | None
+) -> tuple[bool, str]:
+    """py-spy's dump, else the stacks the process writes on a signal."""
+    if binary is None:
+        ok, text = False, "py-spy is not installed"
+    else:
+        ok, text = dump_stacks(pid, binary)
+    if ok or handlers is None:
+        return ok, text
+    answered, signalled = signalled_stacks(pid, handlers)
+    if answered:
+        return True, f"py-spy: {text}\n{signalled}"
+    return False, f"{text}; no stacks on a signal either: {signalled}"
+
+
 def capture(
     reason: str,
     group: int,
@@ -148,20 +207,19 @@ def capture(
     write: Callable[[str], None] = lambda text: print(
         text, file=sys.stderr, flush=True
     ),
+    handlers: Path | None = None,
 ) -> Path | None:
     """Dump every process of vLLM's process group into the log (``write``,
     one block each) and into one file under ``out_dir``; that file, or None
-    where it could not be written (said in one line)."""
+    where it could not be written (said in one line). ``handlers``: the run
+    directory's STACK_HANDLERS, asked where py-spy cannot read a process."""
     members = process_group_members(group)
     binary = py_spy()
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     blocks = [f"k3rocm stack capture {stamp}: {reason}"]
     log(f"capturing the stacks of {len(members)} vLLM process(es): {reason}")
     for process in members:
-        if binary is None:
-            ok, text = False, "py-spy is not installed"
-        else:
-            ok, text = dump_stacks(process.pid, binary)
+        ok, text = process_stacks(process.pid, binary, handlers)
         header = f"{BEGIN} pid {process.pid} {process.name} ({process.role}) ====="
         body = text if ok else f"no stacks: {text}"
         block = f"{header}\n{body}\n{END} pid {process.pid} ====="

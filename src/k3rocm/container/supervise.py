@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +47,7 @@ from k3rocm.contract import (
     READY_MARK,
     REASON_FILE,
     SMOKE_REPORT_NAME,
+    STACK_HANDLERS,
     STAGE1_GATE,
     STALL_MARK,
     VLLM_GROUP_FILE,
@@ -158,6 +160,7 @@ def run() -> int:
         return EXIT_SMOKE
     for name in _STALE:
         (directory / name).unlink(missing_ok=True)
+    shutil.rmtree(directory / STACK_HANDLERS, ignore_errors=True)
     Path(os.environ[SMOKE_REPORT.env]).unlink(missing_ok=True)
     # Before anything builds: a lock left by a build killed with an earlier
     # container would make this start wait for ever.

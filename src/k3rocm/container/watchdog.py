@@ -48,6 +48,7 @@ from k3rocm.contract import (
     DRAIN_MARK,
     READY_MARK,
     REASON_FILE,
+    STACK_HANDLERS,
     STALL_MARK,
     VLLM_GROUP_FILE,
     api_base_url,
@@ -260,7 +261,13 @@ def on_stall(directory: Path, stall: Stall, now: float, group: int | None) -> No
     reason = stall.reason(now)
     log(reason)
     if group is not None:
-        capture(reason, group, forensics_dir(os.environ), log)
+        capture(
+            reason,
+            group,
+            forensics_dir(os.environ),
+            log,
+            handlers=directory / STACK_HANDLERS,
+        )
     if not record_stop_reason(directory, EXIT_STALL, reason):
         return  # another stop is under way
     if group is not None:
