@@ -22,6 +22,7 @@ import urllib.request
 
 import pytest
 from container_tree import session_processes, start_container_tree, stop_container_tree
+from mounts import full
 
 from k3rocm.container.guard import EXIT_SMOKE, EXIT_VLLM
 
@@ -184,11 +185,36 @@ def test_missing_patch_marker_under_stop_exits_before_vllm_starts(container):
     assert "recreate it (docker compose up -d --force-recreate)" in tree.log
     [kept] = (tree.run_dir.parent / "forensics").glob("smoke-report-*.json")
     assert json.loads(kept.read_text())["verdict"] == "fail"
+    assert f"stage1 patch marker (report kept in {kept}); " in tree.log
     assert not (tree.run_dir / "ready").exists()
     # vLLM never started: its wrapper waited for stage 1 and was stopped.
     assert tree.vllm_pid() is None
     assert tree.health().returncode == 1
     assert session_processes(tree.process.pid) == []
+
+
+def test_a_report_that_cannot_be_kept_on_a_full_volume_is_named_so(container, tmp_path):
+    """K3_FORENSICS_DIR on a real full file system (a tmpfs whose every block
+    is taken): the exit line says the report was not kept, names ENOSPC and
+    the directory, and where the report still is."""
+    with full(tmp_path / "cache") as cache:
+        forensics = cache / "forensics"
+        tree = container(patched=False, K3_FORENSICS_DIR=str(forensics))
+        assert tree.wait_exit(180) == EXIT_SMOKE
+        assert list(forensics.iterdir()) == []  # no partial copy left behind
+    report = tree.run_dir / "smoke-report.json"
+    not_kept = (
+        "report not kept: no space left on device (ENOSPC) on the file system "
+        f"of K3_FORENSICS_DIR {forensics}, which is full; the failed checks are "
+        f"logged above, the report is only in {report} until the run directory "
+        "is cleared"
+    )
+    [exit_line] = [line for line in tree.log.splitlines() if "stopping the" in line]
+    assert f"stage1 patch marker ({not_kept}); this container" in exit_line
+    assert "kept in" not in exit_line
+    assert f"k3rocm.smoke: {not_kept}" in tree.log
+    assert f"the container stops. See {report}" in tree.log
+    assert tree.report["not_kept"] == not_kept and tree.report["kept"] is None
 
 
 def test_vllm_dying_repeatedly_exits_3(container):

@@ -171,7 +171,8 @@ def test_guard_bounds_vllm_restarts_and_stops_on_a_failed_smoke(tmp_path, monkey
     report = tmp_path / "smoke-report.json"
     report.write_text(
         '{"stages": {"stage1": {"checks": [{"name": "device kernel", '
-        '"status": "fail"}, {"name": "patch marker", "status": "pass"}]}}}'
+        '"status": "fail"}, {"name": "patch marker", "status": "pass"}]}}, '
+        '"kept": "/cache/forensics/smoke-report-1.json"}'
     )
     monkeypatch.setenv("K3_SMOKE_REPORT", str(report))
     deaths = tmp_path / "vllm-deaths"
@@ -185,7 +186,10 @@ def test_guard_bounds_vllm_restarts_and_stops_on_a_failed_smoke(tmp_path, monkey
     assert Guard(2, fresh).judge(exited, "smoke", expected=True) is None
     code, reason = Guard(2, fresh).judge(exited, "smoke", expected=False)
     assert code == EXIT_SMOKE
-    assert "K3_SMOKE_ON_FAILURE=stop: stage1 device kernel (report kept" in reason
+    assert (
+        "K3_SMOKE_ON_FAILURE=stop: stage1 device kernel (report kept in "
+        "/cache/forensics/smoke-report-1.json); "
+    ) in reason
 
 
 def test_guard_counts_a_vllm_exit_with_status_0(tmp_path):

@@ -4,26 +4,12 @@ Docker's default --tmpfs make them."""
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
 from pathlib import Path
 
 import pytest
+from mounts import mounted
 
 from k3rocm.container import writable
-
-
-@contextlib.contextmanager
-def mounted(path: Path, options: str):
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"{options},size=1m", "tmpfs", str(path)],
-        check=True,
-    )
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
 
 
 def environ(tmp_path: Path, **changes: str) -> dict[str, str]:

@@ -51,12 +51,21 @@ class Report:
     started_at: str = field(default_factory=lambda: now())
     finished_at: str | None = None
     stages: dict[str, Stage] = field(default_factory=dict)
+    # A failed run's report outlives the run directory in K3_FORENSICS_DIR:
+    # where it was kept, or why it could not be (the guard's exit line says).
+    kept: str | None = None
+    not_kept: str | None = None
 
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+            os.replace(tmp, path)
+        except OSError:
+            # A full disk leaves no partial file behind.
+            tmp.unlink(missing_ok=True)
+            raise
 
     def failures(self) -> list[str]:
         """One line per failed check: its stage, name and detail."""

@@ -48,8 +48,9 @@ def log(message: str) -> None:
     print(f"k3rocm.supervise: {message}", file=sys.stderr, flush=True)
 
 
-def failed_checks(report: Path) -> str:
-    """The failed checks' names as the report lists them, for a reason line."""
+def smoke_failure(report: Path) -> str:
+    """The failed checks' names as the report lists them, and where the
+    report was kept or why it was not, for a reason line."""
     try:
         document = read_json_file(report)
         names = [
@@ -60,7 +61,13 @@ def failed_checks(report: Path) -> str:
         ]
     except (FileNotFoundError, UnreadableJson, KeyError, TypeError, AttributeError):
         return f"see {report}"
-    return ", ".join(names)[:300] or f"see {report}"
+    checks = ", ".join(names)[:300] or f"see {report}"
+    kept, not_kept = document.get("kept"), document.get("not_kept")
+    if isinstance(kept, str):
+        return f"{checks} (report kept in {kept[:300]})"
+    if isinstance(not_kept, str):
+        return f"{checks} ({not_kept[:500]})"
+    return checks
 
 
 class Guard:
@@ -139,7 +146,7 @@ class Guard:
                 )
             return EXIT_SMOKE, (
                 "smoke test failed under K3_SMOKE_ON_FAILURE=stop: "
-                f"{failed_checks(report)} (report kept in K3_FORENSICS_DIR); "
+                f"{smoke_failure(report)}; "
                 "this container will not load the model again: fix the cause, "
                 "then recreate it (docker compose up -d --force-recreate)"
             )

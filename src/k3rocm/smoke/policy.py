@@ -3,34 +3,46 @@ the ready mark (when serving goes on), the summary line and the exit code."""
 
 from __future__ import annotations
 
+import errno
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from k3rocm.container.forensics import forensics_dir
+from k3rocm.setting_table import FORENSICS_DIR
 from k3rocm.smoke.settings import Settings
 from k3rocm.smoke_report import Report, now, write_mark
 from k3rocm.states import FailurePolicy, Verdict
 
 
-def keep_report(report: Path, directory: Path) -> Path:
-    """A copy of a failed run's report in ``directory``; the report itself
-    where the copy cannot be made (said in one line)."""
+def keep_report(report: Report, directory: Path, run_report: Path) -> None:
+    """Write a failed run's report into ``directory`` too, where it outlives
+    the run directory; ``report.kept`` says where, or ``report.not_kept``
+    why not (a full cache volume, say)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    kept = directory / f"smoke-report-{stamp}.json"
+    report.kept = str(kept)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        kept = directory / f"smoke-report-{stamp}.json"
-        shutil.copyfile(report, kept)
+        report.write(kept)
     except OSError as err:
-        print(
-            f"k3rocm.smoke: cannot keep the report in {directory} ({err})",
-            file=sys.stderr,
-            flush=True,
+        report.kept = None
+        report.not_kept = (
+            f"report not kept: {why_not_written(err, directory)}; the failed "
+            f"checks are logged above, the report is only in {run_report} until "
+            "the run directory is cleared"
         )
-        return report
-    return kept
+
+
+def why_not_written(err: OSError, directory: Path) -> str:
+    """The error by its name (ENOSPC, EACCES, ...) and where, saying so when
+    the file system is full."""
+    name = errno.errorcode.get(err.errno or 0, "no errno")
+    what = f"{(err.strerror or str(err)).lower()} ({name})"
+    where = f"{FORENSICS_DIR.env} {directory}"
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{what} on the file system of {where}, which is full"
+    return f"{what} at {where}"
 
 
 def finish(report: Report, settings: Settings, serving: bool) -> int:
@@ -38,17 +50,19 @@ def finish(report: Report, settings: Settings, serving: bool) -> int:
     failed = any(stage.status != Verdict.PASS for stage in report.stages.values())
     report.verdict = Verdict.FAIL if failed else Verdict.PASS
     report.finished_at = now()
+    if failed:
+        # The run directory is wiped at the next start.
+        keep_report(report, forensics_dir(os.environ), settings.report)
     report.write(settings.report)
     if serving and (not failed or settings.policy == FailurePolicy.WARN):
         write_mark(settings.ready_mark, report.verdict)
     print(report.summary(), flush=True)
     if not failed:
         return 0
-    # The reason in the log, and the report where it outlives the container
-    # (the run directory is wiped at the next start).
     for line in report.failures():
         print(f"k3rocm.smoke: {line}"[:2000], file=sys.stderr, flush=True)
-    kept = keep_report(settings.report, forensics_dir(os.environ))
+    if report.not_kept:
+        print(f"k3rocm.smoke: {report.not_kept}", file=sys.stderr, flush=True)
     if settings.policy == FailurePolicy.WARN:
         print(
             "k3rocm.smoke: WARNING: THE SMOKE TEST FAILED, SERVING ANYWAY "
@@ -60,7 +74,7 @@ def finish(report: Report, settings: Settings, serving: bool) -> int:
         return 0
     print(
         f"k3rocm.smoke: FAILED under K3_SMOKE_ON_FAILURE=stop; the container "
-        f"stops. See {kept}",
+        f"stops. See {report.kept or settings.report}",
         file=sys.stderr,
         flush=True,
     )
