@@ -89,6 +89,23 @@ def test_a_node_runs_on_the_host_network_with_its_addresses():
 
 
 @pytest.mark.parametrize(
+    ("api_bind", "api_host"), [(None, "127.0.0.1"), ("10.0.1.2", "10.0.1.2")]
+)
+def test_a_node_listens_where_its_settings_say_not_on_every_interface(
+    api_bind, api_host
+):
+    """On the host network 0.0.0.0 is every interface of the host: the API
+    listens on K3_API_BIND (loopback unless set), the start-up metrics on
+    the node's cluster address."""
+    env = dict(NODE_ENV, **({"K3_API_BIND": api_bind} if api_bind else {}))
+    result = compose_config(env, *OVERRIDES)
+    assert result.returncode == 0, result.stderr
+    environment = yaml.safe_load(result.stdout)["services"]["kimi-k3"]["environment"]
+    assert environment["K3_HOST"] == api_host
+    assert environment["K3_STATUS_HOST"] == NODE_ENV["VLLM_HOST_IP"]
+
+
+@pytest.mark.parametrize(
     "missing",
     ["VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "K3_NODE_RANK"],
 )

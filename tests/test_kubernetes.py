@@ -505,6 +505,23 @@ def test_two_nodes_map_what_lws_injects():
     )
 
 
+def test_on_the_host_network_each_port_listens_on_the_pods_address():
+    """two-node-rdma's pods share the node's network: 0.0.0.0 would be every
+    interface of the node. On the pod network (the other overlays) the
+    defaults stay: every address of the pod's own network."""
+    for overlay, role, template in all_pod_templates():
+        container = main_container(template)
+        env = env_values(container)
+        if overlay != "two-node-rdma":
+            assert "K3_HOST" not in env and "K3_STATUS_HOST" not in env
+            continue
+        assert template["spec"]["hostNetwork"] is True
+        assert env["K3_STATUS_HOST"] == "$(VLLM_HOST_IP)"
+        assert env.get("K3_HOST") == ("$(VLLM_HOST_IP)" if role == "api" else None)
+        names = [e["name"] for e in container["env"]]
+        assert names.index("VLLM_HOST_IP") < names.index("K3_STATUS_HOST")
+
+
 def test_the_api_service_and_monitors_select_the_right_pods():
     for overlay in OVERLAYS:
         docs = rendered(overlay)

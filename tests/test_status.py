@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -49,6 +50,8 @@ def status(tmp_path, vllm_health):
         env={
             "K3_RUN_DIR": str(tmp_path),
             "K3_SMOKE_REPORT": str(tmp_path / "smoke-report.json"),
+            # As compose.multinode.yaml binds it: one address, not all.
+            "K3_STATUS_HOST": "127.0.0.1",
             "K3_STATUS_PORT": str(port),
             "K3_HOST": "127.0.0.2",
             "K3_PORT": str(free_port()),  # nothing answers there yet
@@ -143,6 +146,40 @@ def test_stage1_failed_under_stop_reads_from_the_report(status, tmp_path):
 def test_a_malformed_report_is_no_stage1_verdict(status, tmp_path, report):
     (tmp_path / "smoke-report.json").write_bytes(report)
     assert scrape(status)["k3rocm_smoke_stage1_verdict"][()] == -1
+
+
+def test_it_listens_on_its_address_only_and_answers_only_metrics(status):
+    """Bound to 127.0.0.1: another loopback address of this machine
+    (127.0.0.2, which a server on 0.0.0.0 would answer) refuses; any path
+    but /metrics is 404."""
+    with pytest.raises(OSError) as refused:
+        urllib.request.urlopen(f"http://127.0.0.2:{status}/metrics", timeout=5)
+    assert isinstance(refused.value, urllib.error.URLError), refused.value
+    assert "refused" in str(refused.value.reason).lower(), refused.value
+    for path in ("/", "/metricsx", "/metrics/x", "/health", "/v1/completions"):
+        with pytest.raises(urllib.error.HTTPError) as answered:
+            urllib.request.urlopen(f"http://127.0.0.1:{status}{path}", timeout=5)
+        assert answered.value.code == 404, path
+    assert "k3rocm_container_phase" in scrape(status)
+
+
+@pytest.mark.parametrize("host", ["192.0.2.1", "no-such-host.invalid"])
+def test_an_address_it_cannot_listen_on_is_one_line_and_exit_2(host):
+    result = subprocess.run(
+        [sys.executable, "-m", "k3rocm.container.status"],
+        env={
+            "K3_STATUS_HOST": host,
+            "K3_STATUS_PORT": str(free_port()),
+            "PATH": "/usr/bin:/bin",
+        },
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"k3rocm.status: cannot listen on {host}:"), line
+    assert "set K3_STATUS_HOST to an address of this node" in line
 
 
 @pytest.mark.parametrize("name", ["K3_STATUS_PORT", "K3_LOAD_ALERT_SECONDS"])

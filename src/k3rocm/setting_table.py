@@ -470,6 +470,16 @@ STATUS_PORT = Setting(
     kind=Whole(1, 65535),
     readers=("container.status", "monitoring.alerts", "monitoring.dashboard"),
 )
+STATUS_HOST = Setting(
+    "status_host",
+    "K3_STATUS_HOST",
+    "0.0.0.0",
+    "Address the start-up metrics listen on: every address of the "
+    "container's own network (one node); compose.multinode.yaml sets the "
+    "node's cluster address (VLLM_HOST_IP), not every interface of the host.",
+    CONTAINER,
+    readers=("container.status",),
+)
 LOAD_ALERT_SECONDS = Setting(
     "load_alert_seconds",
     "K3_LOAD_ALERT_SECONDS",

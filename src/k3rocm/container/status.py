@@ -2,7 +2,8 @@
 
 vLLM serves no HTTP until the weights are loaded (hours for Kimi-K3), so
 Prometheus would see nothing of a start-up. supervisord's ``status`` program
-(``python -m k3rocm.container.status``) serves, on ``K3_STATUS_PORT``:
+(``python -m k3rocm.container.status``) serves, on ``K3_STATUS_HOST`` and
+``K3_STATUS_PORT``, at ``/metrics`` only (every other path is 404):
 
 ``k3rocm_container_phase{phase}``
     1 for the current phase, 0 for the others: ``stage1`` (smoke stage 1,
@@ -34,15 +35,18 @@ stage-1 gate and the ready mark, from vLLM's ``/health``, on every scrape.
 from __future__ import annotations
 
 import os
+import socket
+import socketserver
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from k3rocm.contract import (
@@ -60,6 +64,7 @@ from k3rocm.json_file import UnreadableJson, read_json_file, write_json_file
 from k3rocm.setting_table import (
     LOAD_ALERT_SECONDS,
     STALL_SECONDS,
+    STATUS_HOST,
     STATUS_PORT,
     read_all,
 )
@@ -74,7 +79,9 @@ from k3rocm.states import Verdict
 
 PHASES = ("stage1", "loading", "stage2", "serving", "draining", "stopping")
 # The settings this server reads.
-STATUS_SETTINGS = (STATUS_PORT, LOAD_ALERT_SECONDS, STALL_SECONDS)
+STATUS_SETTINGS = (STATUS_HOST, STATUS_PORT, LOAD_ALERT_SECONDS, STALL_SECONDS)
+# The one path this server answers.
+METRICS_PATH = "/metrics"
 # The metrics this server exports.
 PHASE_METRIC = "k3rocm_container_phase"
 PHASE_SECONDS_METRIC = "k3rocm_container_phase_seconds"
@@ -207,6 +214,44 @@ class StartupCollector:
         )
 
 
+def only_metrics(metrics: Callable) -> Callable:
+    """A WSGI app that serves ``metrics`` at METRICS_PATH and 404 elsewhere,
+    so the port shows nothing it was not opened for."""
+
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == METRICS_PATH:
+            return metrics(environ, start_response)
+        body = f"not found: this port serves {METRICS_PATH} only\n".encode()
+        start_response(
+            "404 Not Found",
+            [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))],
+        )
+        return [body]
+
+    return app
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # every scrape would be a log line
+
+
+def serve(host: str, port: int, registry: CollectorRegistry) -> WSGIServer:
+    """Listen on host:port (an IPv4 or IPv6 address, or a name of this
+    node) in a thread of its own; OSError where it cannot."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+
+    class Server(socketserver.ThreadingMixIn, WSGIServer):
+        address_family = family
+        daemon_threads = True  # a scrape in flight does not hold an exit
+
+    server = make_server(
+        host, port, only_metrics(make_wsgi_app(registry)), Server, _QuietHandler
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 def main() -> int:
     values, problems = read_all(os.environ, STATUS_SETTINGS)
     try:
@@ -217,13 +262,26 @@ def main() -> int:
         print(f"k3rocm.status: {problem}", file=sys.stderr, flush=True)
     if problems:
         return 2
-    port = values[STATUS_PORT.name]
+    host, port = values[STATUS_HOST.name], values[STATUS_PORT.name]
     bound = values[LOAD_ALERT_SECONDS.name]
     stall = values[STALL_SECONDS.name]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StartupCollector(run_dir(), base_url, bound, stall))
-    start_http_server(port, registry=registry)
-    print(f"k3rocm.status: start-up metrics on :{port}/metrics", flush=True)
+    try:
+        serve(host, port, registry)
+    except OSError as err:
+        print(
+            f"k3rocm.status: cannot listen on {host}:{port} ({err}); set "
+            f"{STATUS_HOST.env} to an address of this node (or 0.0.0.0) and "
+            f"{STATUS_PORT.env} to a free port",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 2
+    shown = f"[{host}]" if ":" in host else host
+    print(
+        f"k3rocm.status: start-up metrics on {shown}:{port}{METRICS_PATH}", flush=True
+    )
     threading.Event().wait()
     return 0
 
