@@ -1,9 +1,16 @@
 """The start-up check of what must be writable (k3rocm.container.writable), on real
 mounts: a read-only one and a noexec one, as `docker run --read-only` and
-Docker's default --tmpfs make them."""
+Docker's default --tmpfs make them, and a root-owned one checked by a process
+running as uid 1000, as the container's user k3 is."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -66,3 +73,74 @@ def test_noexec_is_fine_where_nothing_is_loaded(tmp_path):
             environ(tmp_path, TMPDIR=str(noexec / "tmp"), K3_RUN_DIR=str(noexec / "r"))
         )
     assert found == []
+
+
+# The container's user (docker/Dockerfile: k3, uid 1000).
+K3_UID = 1000
+# Imports first (the interpreter's own files may not be readable by uid
+# 1000), then the check as that user with no capabilities, as in the image.
+AS_K3 = f"""
+import json, os, sys
+from k3rocm.container import writable
+os.setgroups([])
+os.setgid({K3_UID})
+os.setuid({K3_UID})
+print(json.dumps(writable.problems(json.loads(sys.argv[1]))))
+"""
+
+
+@pytest.fixture
+def reachable_dir():
+    """A directory uid 1000 can reach (pytest's tmp_path is root's, 0700)."""
+    top = Path(tempfile.mkdtemp(prefix="k3rocm-writable-", dir="/tmp"))
+    top.chmod(0o755)
+    yield top
+    shutil.rmtree(top)
+
+
+def test_a_root_owned_cache_tmpfs_is_named_by_owner_not_as_a_missing_mount(
+    reachable_dir,
+):
+    """The k3-cache place as a tmpfs mounted without uid= (root's, 0755) and a
+    directory of k3's own without write permission, checked as uid 1000:
+    each line says who owns what is in the way and what to change."""
+    home = reachable_dir / "home"
+    for own in (home, reachable_dir / "tmp", reachable_dir / "run"):
+        own.mkdir()
+        os.chown(own, K3_UID, K3_UID)
+    locked = home / "locked"
+    locked.mkdir(mode=0o555)
+    os.chown(locked, K3_UID, K3_UID)
+    with mounted(home / ".cache", "mode=0755") as cache:
+        checked = subprocess.run(
+            [sys.executable, "-c", AS_K3, json.dumps({
+                "HOME": str(home),
+                "TMPDIR": str(reachable_dir / "tmp"),
+                "K3_RUN_DIR": str(reachable_dir / "run"),
+                "K3_FORENSICS_DIR": str(cache / "k3rocm" / "forensics"),
+                "TRITON_CACHE_DIR": str(locked / "triton"),
+            })],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    found = json.loads(checked.stdout)
+    assert [line.split(" (")[1].split(")")[0] for line in found] == [
+        "TRITON_CACHE_DIR",
+        "VLLM_CACHE_ROOT",
+        "HF_HOME",
+        "K3_FORENSICS_DIR",
+    ], found
+    triton, *in_cache = found
+    assert triton == (
+        f"Triton's kernel cache at {locked / 'triton'} (TRITON_CACHE_DIR) is not "
+        f"writable (Permission denied); {locked} is owned by this process's uid "
+        f"{K3_UID} but its mode 0555 does not let it write there; chmod u+rwx it, "
+        "or set TRITON_CACHE_DIR to a writable place"
+    )
+    for line in in_cache:
+        assert (
+            f"is not writable (Permission denied); {cache} is owned by uid 0 (mode "
+            f"0755) and this process runs as uid {K3_UID}; chown it to uid "
+            f"{K3_UID} (a tmpfs: mount it with uid={K3_UID},gid={K3_UID}, or "
+            "mode=1777), or set "
+        ) in line
+        assert "mount a volume or tmpfs there" not in line

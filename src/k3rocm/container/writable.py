@@ -8,12 +8,16 @@ then fails on the first compiled kernel it loads (torch inductor's sampler:
 "failed to map segment"); the run directory or /tmp missing fails the smoke
 test with a message about something else. So each place is tried here, and
 what is not writable, or not executable where it must be, is named in one
-line with the setting that moves it.
+line with the setting that moves it; where a permission was refused (a cache
+volume or tmpfs owned by root, say, while the container runs as uid 1000),
+the line names the directory in the way, its owner and mode.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -66,8 +70,8 @@ def problem(place: Place, path: Path) -> str | None:
     except OSError as err:
         return (
             f"{place.what} at {path} ({place.env}) is not writable "
-            f"({err.strerror or err}); with a read-only root file system mount a "
-            f"volume or tmpfs there, or set {place.env} to a writable place"
+            f"({err.strerror or err}); {_remedy(err, path)}, or set {place.env} "
+            "to a writable place"
         )
     if noexec:
         return (
@@ -76,6 +80,40 @@ def problem(place: Place, path: Path) -> str | None:
             f"noexec (a volume, or tmpfs with exec), or set {place.env} elsewhere"
         )
     return None
+
+
+def _remedy(err: OSError, path: Path) -> str:
+    """What to do about the error: a permission refused is about the owner
+    or mode of the directory in the way, not about a missing mount."""
+    if err.errno == errno.EROFS:
+        return "with a read-only root file system mount a volume or tmpfs there"
+    if err.errno not in (errno.EACCES, errno.EPERM):
+        return "make it a directory this process can write to"
+    blocker, found = _in_the_way(path)
+    uid, gid, mode = os.geteuid(), os.getegid(), stat.S_IMODE(found.st_mode)
+    if found.st_uid != uid:
+        return (
+            f"{blocker} is owned by uid {found.st_uid} (mode {mode:04o}) and this "
+            f"process runs as uid {uid}; chown it to uid {uid} (a tmpfs: mount it "
+            f"with uid={uid},gid={gid}, or mode=1777)"
+        )
+    return (
+        f"{blocker} is owned by this process's uid {uid} but its mode "
+        f"{mode:04o} does not let it write there; chmod u+rwx it"
+    )
+
+
+def _in_the_way(path: Path) -> tuple[Path, os.stat_result]:
+    """The deepest directory on the way to path that exists and can be
+    looked at (the one whose permissions stopped the write), and its stat."""
+    while True:
+        try:
+            return path, path.stat()
+        except OSError:
+            # Absent, or its parent cannot be searched: the parent is in the way.
+            if path == path.parent:
+                raise
+            path = path.parent
 
 
 def problems(environ: Mapping[str, str]) -> list[str]:
