@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,50 @@ def test_committed_alert_rules_are_current(rule_file):
         f"monitoring/{rule_file} is stale: run python -m k3rocm.monitoring.alerts "
         "--output-dir monitoring"
     )
+
+
+# Runs a module as `python -m` would, in a Python where `import vllm` fails
+# (an editor of an alert threshold has no inference engine installed).
+WITHOUT_VLLM = """
+import runpy, sys
+
+class NoVllm:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "vllm":
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, NoVllm())
+module, *sys.argv[1:] = sys.argv[1:]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [
+        ("k3rocm.monitoring.alerts", ["--output-dir", "{tmp}"]),
+        ("k3rocm.monitoring.dashboard", ["--output", "{tmp}/dashboard.json"]),
+    ],
+)
+def test_the_generators_run_without_vllm(module, args, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_VLLM, module]
+        + [arg.format(tmp=tmp_path) for arg in args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    if module.endswith("alerts"):
+        for name in alerts.RULE_FILES:
+            assert (tmp_path / name).read_text() == alerts.render(name)
+    else:
+        assert (tmp_path / "dashboard.json").read_text() == dashboard.render()
+    # The blocker works: vLLM itself cannot be imported under it.
+    blocked = subprocess.run(
+        [sys.executable, "-c", WITHOUT_VLLM, "vllm"], capture_output=True, text=True
+    )
+    assert "No module named 'vllm'" in blocked.stderr
 
 
 def test_scrape_jobs_are_the_ones_alerts_and_dashboard_use():

@@ -16,7 +16,6 @@ import logging
 import os
 from pathlib import Path
 
-import vllm
 from prometheus_client import CollectorRegistry, Gauge
 
 from k3rocm.json_file import UnreadableJson, read_json_file
@@ -115,6 +114,10 @@ def rocm_version(rocm_root: Path = DEFAULT_ROCM_ROOT) -> str:
 
 
 def build_info_labels() -> dict[str, str]:
+    # Imported here, not above: the monitoring generators read NAME from this
+    # module and run where vLLM is not installed.
+    import vllm
+
     return {
         "vllm_version": vllm.__version__,
         "patch_series": patch_series_label(),
