@@ -4,17 +4,27 @@ in one command.
     scripts/try-cpu [--api-port N] [--prometheus-port N] ...   bring it up
     scripts/try-cpu --down                                      stop it
 
-It builds the stand-in for the ROCm base (scripts/standin-base) and the image
-on it (scripts/build-image, as operators build), makes the tiny model the
-tests use, derives the CPU stack from compose.yaml (k3rocm.tryout.stack, run
+It checks that Docker's engine answers and Compose is there, then builds
+the stand-in for the ROCm base (scripts/standin-base) and the image on it
+(scripts/build-image, as operators build), makes the tiny model the tests
+use, derives the CPU stack from compose.yaml (k3rocm.tryout.stack, run
 inside the image), brings up the server, Prometheus and Alertmanager with
 Compose, waits for the server's health check (smoke test passed), sends one
-completion and prints where everything answers. Needs, as root, Docker with
-Compose (`docker compose` or `docker-compose`), Python 3.11 with pip and
-`debootstrap` (scripts/standin-base builds the base from Debian's packages
-and wheels fetched on the host), with PyPI and Debian reachable; YAML is
-read inside the image. The API has no key here and listens on 127.0.0.1
-only.
+completion and prints where everything answers and the command that stops
+it. Needs, as root, Docker with Compose (`docker compose` or
+`docker-compose`), Python 3.11 with pip and `debootstrap`
+(scripts/standin-base builds the base from Debian's packages and wheels
+fetched on the host), with PyPI and Debian reachable; YAML is read inside
+the image. The API has no key here and listens on 127.0.0.1 only. A
+monitoring image that is neither here nor can be pulled (no Docker Hub)
+stops it before anything starts, saying so: give another
+(--prometheus-image, --alertmanager-image) or leave monitoring out
+(--no-monitoring).
+
+--down stops the try-out of --project and --state-dir and exits 0; with no
+container under that project it says "nothing was running under project
+NAME" and exits 0, or 1 when a try-out runs under another project (it names
+the command that stops that one).
 """
 
 from __future__ import annotations
@@ -39,6 +49,12 @@ from k3rocm.tryout.cpu import CPU_SETTINGS, SERVER, SERVICES
 REPO = Path(__file__).resolve().parents[3]
 IMAGE_REPO = "kimi-k3-rocm-cpu"
 PROMPT = "The stall-free prefill path"
+DEFAULT_STATE_DIR = REPO / ".cache" / "try-cpu"
+DEFAULT_PROJECT = "k3rocm-try"
+# Compose labels every container it starts with these (v1 and v2 alike).
+PROJECT_LABEL = "com.docker.compose.project"
+SERVICE_LABEL = "com.docker.compose.service"
+CONFIG_FILES_LABEL = "com.docker.compose.project.config_files"
 
 
 class TryError(Exception):
@@ -65,20 +81,43 @@ def run(command: list[str], stdin: str | None = None, timeout: float = 3600) -> 
     return done.stdout
 
 
-def compose_command(state: Path, project: str) -> list[str]:
-    """Compose v2 (the docker plugin) where it exists, else docker-compose."""
+def compose_program() -> list[str]:
+    """Compose v2 (the docker plugin) where it exists, else docker-compose;
+    and Docker's engine must answer. Checked before anything is built."""
+    if shutil.which("docker") is None:
+        raise TryError("docker is not installed (the try-out needs Docker)")
     plugin = subprocess.run(["docker", "compose", "version"], capture_output=True)
     if plugin.returncode == 0:
-        command = ["docker", "compose"]
+        program = ["docker", "compose"]
     elif shutil.which("docker-compose"):
-        command = ["docker-compose"]
+        program = ["docker-compose"]
     else:
-        raise TryError("Compose is missing: install the docker compose plugin")
+        raise TryError(
+            "Compose is missing: install the docker compose plugin (or docker-compose)"
+        )
+    info = subprocess.run(["docker", "info"], capture_output=True, text=True)
+    if info.returncode != 0:
+        why = (info.stderr.strip().splitlines() or ["no answer"])[-1]
+        raise TryError(f"Docker's engine does not answer (docker info: {why})")
+    return program
+
+
+def compose_command(program: list[str], state: Path, project: str) -> list[str]:
     return [
-        *command,
+        *program,
         *("--project-name", project, "--project-directory", str(REPO)),
         *("--env-file", str(state / ".env"), "--file", str(state / "compose.json")),
     ]
+
+
+def stop_command(state: Path, project: str) -> str:
+    """The --down command for a try-out, naming what differs from the defaults."""
+    words = ["scripts/try-cpu", "--down"]
+    if state != DEFAULT_STATE_DIR:
+        words += ["--state-dir", str(state)]
+    if project != DEFAULT_PROJECT:
+        words += ["--project", project]
+    return shlex.join(words)
 
 
 def build_image() -> str:
@@ -136,6 +175,26 @@ def prepare(state: Path, image: str, args: argparse.Namespace) -> None:
         "GRAFANA_ADMIN_PASSWORD_SECRET": str(REPO / "secrets" / "empty"),
     }
     (state / ".env").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+
+
+def pull_monitoring(state: Path, services: tuple[str, ...]) -> None:
+    """The monitoring services' images, here or pulled now: a host that
+    cannot reach Docker Hub is told what to do instead of Compose's error."""
+    stack = json.loads((state / "compose.json").read_text())
+    for service in services:
+        ref = stack["services"][service]["image"]
+        here = ["docker", "image", "inspect", ref]
+        if subprocess.run(here, capture_output=True).returncode == 0:
+            continue
+        log(f"pulling {ref} ({service}) ...")
+        pulled = subprocess.run(["docker", "pull", ref], capture_output=True, text=True)
+        if pulled.returncode != 0:
+            why = (pulled.stderr.strip().splitlines() or ["no reason given"])[-1]
+            raise TryError(
+                f"cannot pull {ref}, the image of {service} ({why}); give one this "
+                f"host has or can pull with --{service}-image REF, or try it "
+                "without monitoring: --no-monitoring"
+            )
 
 
 def wait_healthy(compose: list[str], timeout: float) -> None:
@@ -204,17 +263,22 @@ def complete(api: str) -> str:
 
 def up(args: argparse.Namespace) -> None:
     state = args.state_dir
+    program = compose_program()
     state.mkdir(parents=True, exist_ok=True)
     image = build_image()
     prepare(state, image, args)
-    compose = compose_command(state, args.project)
-    log(f"starting {', '.join(SERVICES)} ...")
-    run([*compose, "up", "--detach", *SERVICES])
-    wait_healthy(compose, args.timeout)
+    services = (SERVER,) if args.no_monitoring else SERVICES
+    ports = {"prometheus": args.prometheus_port, "alertmanager": args.alertmanager_port}
     monitoring = {
-        "prometheus": f"http://127.0.0.1:{args.prometheus_port}",
-        "alertmanager": f"http://127.0.0.1:{args.alertmanager_port}",
+        service: f"http://127.0.0.1:{ports[service]}"
+        for service in services
+        if service != SERVER
     }
+    pull_monitoring(state, tuple(monitoring))
+    compose = compose_command(program, state, args.project)
+    log(f"starting {', '.join(services)} ...")
+    run([*compose, "up", "--detach", *services])
+    wait_healthy(compose, args.timeout)
     for service, url in monitoring.items():
         wait_ready(compose, service, url, 120)
     api = f"http://127.0.0.1:{args.api_port}"
@@ -222,57 +286,137 @@ def up(args: argparse.Namespace) -> None:
     print(f"completion of {PROMPT!r}: {text!r}")
     print(f"API:          {api}/v1 (model kimi-k3, no key)")
     print(f"metrics:      {api}/metrics")
-    print(f"Prometheus:   {monitoring['prometheus']}")
-    print(f"Alertmanager: {monitoring['alertmanager']}")
-    print(f"stop it:      scripts/try-cpu --down --state-dir {shlex.quote(str(state))}")
+    for service, url in monitoring.items():
+        print(f"{service.title() + ':':<14}{url}")
+    print(f"stop it:      {stop_command(state, args.project)}")
 
 
-def down(args: argparse.Namespace) -> None:
-    state = args.state_dir
-    if not (state / "compose.json").is_file():
-        log(f"nothing to stop: no try-out in {state}")
-        return
-    compose = compose_command(state, args.project)
-    run([*compose, "down", "--volumes", "--remove-orphans", "--timeout", "70"])
-    log("stopped")
+def running_tryouts() -> dict[str, Path]:
+    """Every try-out with a container, by project: its state directory. A
+    try-out is told by its server's compose file, the state directory's
+    compose.json (its image's name is no sign: a rebuild moves the tag)."""
+    fields = (PROJECT_LABEL, SERVICE_LABEL, CONFIG_FILES_LABEL)
+    listed = run(
+        [
+            *("docker", "ps", "--all", "--filter", f"label={PROJECT_LABEL}"),
+            *("--format", "\t".join(f'{{{{.Label "{name}"}}}}' for name in fields)),
+        ],
+        timeout=60,
+    )
+    found = {}
+    for line in listed.splitlines():
+        project, service, config = line.split("\t")
+        if service == SERVER and config.endswith("/compose.json"):
+            found[project] = Path(config).parent
+    return found
+
+
+def down(args: argparse.Namespace) -> int:
+    state, project = args.state_dir, args.project
+    program = compose_program()
+    tryouts = running_tryouts()
+    stopped = project in tryouts
+    if (state / "compose.json").is_file():
+        compose = compose_command(program, state, project)
+        # Also when nothing runs: it removes the network and volumes left.
+        run([*compose, "down", "--volumes", "--remove-orphans", "--timeout", "70"])
+    elif stopped:
+        raise TryError(
+            f"project {project} runs but {state} holds no try-out: "
+            f"{stop_command(tryouts[project], project)}"
+        )
+    if stopped:
+        log(f"stopped the try-out of project {project}")
+        return 0
+    others = {name: where for name, where in tryouts.items() if name != project}
+    log(f"nothing was running under project {project}")
+    for name, where in others.items():
+        log(f"a try-out runs under project {name}: {stop_command(where, name)}")
+    return 1 if others else 0
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="scripts/try-cpu",
         description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n")[-1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--down", action="store_true", help="stop the try-out")
     p.add_argument(
         "--state-dir",
         type=Path,
-        default=REPO / ".cache" / "try-cpu",
-        help="where the model, the stack and its settings are kept",
+        default=DEFAULT_STATE_DIR,
+        help="where the model, the stack and its settings are kept "
+        "(default: %(default)s)",
     )
-    p.add_argument("--project", default="k3rocm-try", help="Compose project name")
-    p.add_argument("--api-port", type=int, default=8000)
-    p.add_argument("--prometheus-port", type=int, default=9090)
-    p.add_argument("--alertmanager-port", type=int, default=9093)
-    p.add_argument("--prometheus-image", help="instead of compose.yaml's pinned one")
-    p.add_argument("--alertmanager-image", help="instead of compose.yaml's pinned one")
+    p.add_argument(
+        "--project",
+        default=DEFAULT_PROJECT,
+        help="Compose project name (default: %(default)s)",
+    )
+    p.add_argument(
+        "--api-port",
+        type=int,
+        default=8000,
+        metavar="N",
+        help="host port of the API and /metrics (default: %(default)s)",
+    )
+    p.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=9090,
+        metavar="N",
+        help="host port of Prometheus (default: %(default)s)",
+    )
+    p.add_argument(
+        "--alertmanager-port",
+        type=int,
+        default=9093,
+        metavar="N",
+        help="host port of Alertmanager (default: %(default)s)",
+    )
+    p.add_argument(
+        "--prometheus-image",
+        metavar="REF",
+        help="instead of compose.yaml's pinned one (from Docker Hub)",
+    )
+    p.add_argument(
+        "--alertmanager-image",
+        metavar="REF",
+        help="instead of compose.yaml's pinned one (from Docker Hub)",
+    )
+    p.add_argument(
+        "--no-monitoring",
+        action="store_true",
+        help="start the server alone, without Prometheus and Alertmanager",
+    )
     p.add_argument(
         "--timeout",
         type=float,
         default=1200,
-        help="seconds the server may take to become healthy",
+        metavar="SECONDS",
+        help="seconds the server may take to become healthy (default: %(default)s)",
     )
     return p  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    # Compose records the compose file's path as given, and the printed stop
+    # command must work from any directory.
+    args.state_dir = args.state_dir.resolve()
     try:
-        down(args) if args.down else up(args)
+        if args.down:
+            return down(args)
+        up(args)
     except TryError as err:
         log(str(err))
         return 1
     except KeyboardInterrupt:
-        log("interrupted; scripts/try-cpu --down stops what was started")
+        log(
+            f"interrupted; {stop_command(args.state_dir, args.project)} stops what "
+            "was started"
+        )
         return 130
     return 0
