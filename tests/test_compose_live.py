@@ -19,6 +19,7 @@ import json
 import os
 import re
 import subprocess
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -444,6 +445,8 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
     )  # fmt: skip
     # Streams one after another (a fast machine ends one in seconds).
     load = Load(project["api"], 4, SECRETS["api_key"])
+    # What `docker ps` shows through the stall (README: never unhealthy).
+    docker_health = DockerHealthWatch(server)
     # The log holds every earlier run of this container: this stall's lines
     # are the ones logged from the stop on.
     started, stopped_at = time.monotonic(), time.time()
@@ -459,6 +462,7 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
         lambda: server_logs(server)[-4000:],
     )
     stopped_after = time.monotonic() - started
+    assert "unhealthy" not in docker_health.stop(), docker_health.seen
     # The streams the stall held end, cut off (no [DONE]), not hung for ever.
     cut_off = [s for s in load.stop(60) if not s.done]
     assert len(cut_off) == 4, [(s.events, s.done, s.errors) for s in load.finished]
@@ -494,6 +498,26 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
     ).stdout
     assert f"{stopped}" in kept and "run_busy_loop" in kept
     record_stall_timings(server, stopped, stopped_at, time.time())
+
+
+class DockerHealthWatch(threading.Thread):
+    """Docker's health status of a container, read every half second."""
+
+    def __init__(self, container: str):
+        super().__init__(daemon=True)
+        self.container, self.seen, self.done = container, [], threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            health = container_state(self.container)["State"].get("Health", {})
+            self.seen.append(health.get("Status"))
+            time.sleep(0.5)
+
+    def stop(self) -> set:
+        self.done.set()
+        self.join(30)
+        return set(self.seen)
 
 
 def record_stall_timings(

@@ -22,12 +22,14 @@ import pytest
 import yaml
 from docker_images import (
     IN_CONTAINER_MODEL,
+    LONGEST_STREAM,
     Container,
     Stream,
     build_standin,
     docker,
     http,
     running_container,
+    vllm_processes,
 )
 from vllm_trees import REPO
 
@@ -217,6 +219,67 @@ def test_a_crash_looping_vllm_exits_3(image, model):
             container.logs(),
         )
         assert "User-specified max_model_len (4096) is greater" in container.logs()
+
+
+# A real hang for the test below, put on every Python process's path (the
+# stand-in for a bug): on SIGUSR1 the main thread enters a sleep that never
+# returns, in the middle of whatever it was running.
+HANG_HOOK = """
+import signal, time
+
+def hang_forever_in_a_sleep(signum, frame):
+    while True:
+        time.sleep(3600)
+
+signal.signal(signal.SIGUSR1, hang_forever_in_a_sleep)
+"""
+
+
+def test_a_hung_engine_without_any_capability_still_logs_its_stacks(
+    image, model, tmp_path
+):
+    """--cap-drop ALL: py-spy cannot run. The engine core hangs for real (not
+    SIGSTOP) with a stream in flight; the watchdog's capture gets every vLLM
+    process's stacks from the processes themselves (faulthandler on a
+    signal), the engine core's with the hang and the engine loop beneath it,
+    and the container exits 5."""
+    hook = tmp_path / "hook"
+    hook.mkdir(mode=0o755)
+    (hook / "sitecustomize.py").write_text(HANG_HOOK)
+    (hook / "sitecustomize.py").chmod(0o644)
+    hook.chmod(0o755)
+    with running_container(
+        image,
+        model,
+        "k3rocm-test-hung-no-caps",
+        env={"K3_STALL_SECONDS": "10", "PYTHONPATH": "/hang-hook"},
+        extra=("--cap-drop", "ALL", "--volume", f"{hook}:/hang-hook:ro"),
+    ) as container:
+        container.wait_healthy()
+        # Hung first, then asked: a stream that ended before the hang would
+        # leave nothing pending, and an idle engine is never stalled.
+        engine = vllm_processes(container.name)["VLLM::EngineCor"]
+        assert container.exec("sh", "-c", f"kill -USR1 {engine}").returncode == 0
+        Stream(container.base_url, max_tokens=LONGEST_STREAM).start()
+        assert container.wait_exit(120) == 5
+        logs = container.logs()
+    blocks = {
+        role: body
+        for role, body in re.findall(
+            r"===== k3rocm stacks pid \d+ \S+ \(([^)]*)\) =====\n(.*?)\n"
+            r"===== end of k3rocm stacks pid",
+            logs,
+            re.S,
+        )
+    }
+    assert {"vLLM main process", "engine core"} <= set(blocks), logs[-5000:]
+    engine_stacks = blocks["engine core"]
+    assert "py-spy cannot" in engine_stacks, engine_stacks
+    assert "faulthandler on SIGUSR2" in engine_stacks, engine_stacks
+    assert "in hang_forever_in_a_sleep" in engine_stacks, engine_stacks
+    assert "in run_busy_loop" in engine_stacks, engine_stacks
+    assert "faulthandler on SIGUSR2" in blocks["vLLM main process"]
+    assert re.search(r"container stopped: the engine stalled.*\(exit 5\)", logs)
 
 
 def test_a_failed_smoke_test_under_stop_exits_4_and_is_not_loaded_again(image, model):
