@@ -509,8 +509,9 @@ FORENSICS_DIR = Setting(
     "forensics_dir",
     "K3_FORENSICS_DIR",
     Path("/home/k3/.cache/k3rocm/forensics"),
-    "Where stall stack dumps are kept (on the cache volume, so they outlive "
-    "the container).",
+    "Where stall stack dumps and failed smoke reports "
+    "(`smoke-report-<UTC time>.json`) are kept (on the cache volume, so they "
+    "outlive the container).",
     CONTAINER,
     kind=FilePath(),
     readers=("container.forensics", "container.writable"),
