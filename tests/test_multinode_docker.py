@@ -44,6 +44,11 @@ def _node(image, model, name: str, rank: int, env: dict[str, str]) -> Container:
             "K3_MASTER_ADDR": NODE0,
             # One core each for the two CPU ranks of this 2-core machine.
             "VLLM_CPU_OMP_THREADS_BIND": str(rank),
+            # As compose.multinode.yaml binds them on the host network: the
+            # start-up metrics on the node's own address, node 0's API on
+            # the address its clients use (here its name on the network).
+            "K3_STATUS_HOST": name,
+            **({"K3_HOST": NODE0} if rank == 0 else {}),
             **env,
         },
         # SYS_PTRACE: the stall watchdog's stack capture (compose grants it).
@@ -98,6 +103,37 @@ def test_two_nodes_serve_a_completion_through_node_0(nodes):
     assert node1.exec("python3", "-c", no_api).returncode != 0
     report = node1.read("/run/k3rocm/smoke-report.json")
     assert '"joined"' in report and '"verdict": "pass"' in report
+
+
+def listening(node: Container) -> dict[int, set[str]]:
+    """port -> the IPv4 addresses a socket listens on, from the kernel's
+    table (/proc/net/tcp: hex little-endian address, state 0A = LISTEN)."""
+    found: dict[int, set[str]] = {}
+    for line in node.read("/proc/net/tcp").splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if state != "0A":
+            continue
+        address, port = local.split(":")
+        octets = [str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0)]
+        found.setdefault(int(port, 16), set()).add(".".join(octets))
+    return found
+
+
+def address_of(node: Container, name: str) -> str:
+    """``name`` resolved as the node resolves it."""
+    code = f"import socket; print(socket.gethostbyname({name!r}))"
+    return node.exec("python3", "-c", code).stdout.strip()
+
+
+def test_each_node_listens_on_its_own_address_only(nodes):
+    """The start-up metrics on each node's address, node 0's API on the
+    address it was given: no port on every interface (0.0.0.0)."""
+    node0, node1 = nodes
+    for node in nodes:
+        assert listening(node)[8001] == {address_of(node, node.name)}
+    assert listening(node0)[8000] == {address_of(node0, NODE0)}
+    # The status port shows its metrics and nothing else.
+    assert http(f"http://127.0.0.1:{node1.status_port}/")[0] == 404
 
 
 def stop_reasons(node: Container) -> list[str]:
