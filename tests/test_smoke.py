@@ -111,6 +111,26 @@ def test_kda_numerics_fails_on_a_poisoned_result(monkeypatch, op, damage):
         assert "largest error inf times" in check.detail
 
 
+def test_kda_numerics_keeps_the_autotuners_choices_only_while_it_runs():
+    """On a GPU the check has the KDA kernels' autotuners keep their choice
+    in Triton's cache (a warm start then times no configuration again),
+    and gives them back as vLLM's process would have them."""
+    from vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch import unwrap
+
+    from k3rocm.smoke.interpreter import kda_kernels
+    from k3rocm.smoke.kda_numerics import LOWER_BOUND, autotuning_cached
+
+    kernels = kda_kernels(LOWER_BOUND)
+    tuners = [t for _, t in map(unwrap, kernels) if t is not None]
+    assert len(tuners) >= 6 and not any(t.cache_results for t in tuners)
+    with autotuning_cached(kernels):
+        assert all(t.cache_results for t in tuners)
+    assert not any(t.cache_results for t in tuners)
+    with pytest.raises(RuntimeError), autotuning_cached(kernels):
+        raise RuntimeError("a kernel failed")
+    assert not any(t.cache_results for t in tuners)
+
+
 def test_kernel_check_catches_metadata_that_differs_from_the_reference():
     """vLLM's legacy builder labels chunks by non-empty ordinal, wrong once an
     empty sequence sits before a non-empty one: the battery must see it."""

@@ -15,14 +15,21 @@ healthy.
 On a GPU: bf16 inputs, the model's head size (128), the caching allocator
 poisoned with NaN bytes first. Its first chunk KDA call autotunes and
 compiles the chunk kernels, which on a cold Triton cache takes over a
-minute (measured on an H200, docs/benchmarks.md; stage 1 allows 900 s) and
-with the cache volume is a cache load; the warm run was not measured. In
-the Triton interpreter (the CPU development profile): float32 (it has no
-bf16 arithmetic) and head size 32, about 5-10 s on two cores.
+minute (measured on an H200, docs/benchmarks.md; stage 1 allows 900 s).
+Triton keeps compiled kernels in its cache (the cache volume) but not,
+by default, what autotuning chose, and timing every configuration again
+takes seconds at each start: the check has the autotuners of the kernels it
+runs keep their results in Triton's cache too (their own option
+``cache_results``; vLLM's process is left as it is). With both cached the
+check is a cache load (its GPU time: docs/benchmarks.md). In the Triton
+interpreter (the CPU development profile): float32 (it has no bf16
+arithmetic) and head size 32, about 5-10 s on two cores.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from k3rocm.chunk_reference import cu_seqlens_of
@@ -161,13 +168,40 @@ def worst_excess(x: dict, results: list[tuple], device: str) -> float:
     return worst
 
 
-def measure(device: str) -> float:
+@contextmanager
+def autotuning_cached(kernels) -> Iterator[None]:
+    """Inside the block, the autotuned ``kernels`` read and write their
+    choice in Triton's cache (as Triton's ``cache_results=True`` makes
+    them: keyed by the kernel's source, the device, the tuning key and the
+    configurations), so a start with a warm cache times no configuration
+    again. Restored after; a Triton without the option is left alone."""
+    from vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch import unwrap
+
+    changed = []
+    try:
+        for kernel in kernels:
+            _, tuner = unwrap(kernel)
+            if tuner is not None and getattr(tuner, "cache_results", None) is False:
+                changed.append(tuner)
+                tuner.cache_results = True
+        yield
+    finally:
+        for tuner in changed:
+            tuner.cache_results = False
+
+
+def measure(device: str, cache_autotuning: bool = True) -> float:
     """Run the step on ``device`` ("cuda", or "cpu" in the interpreter) and
-    return its worst excess."""
+    return its worst excess. ``cache_autotuning``: on a GPU, keep the
+    autotuners' choices in Triton's cache (``autotuning_cached``)."""
     if device == "cuda":
-        poison_allocator()
-        x = step_inputs(device)
-        return worst_excess(x, run_step(x), device)
+        from k3rocm.smoke.interpreter import kda_kernels
+
+        kernels = kda_kernels(LOWER_BOUND) if cache_autotuning else []
+        with autotuning_cached(kernels):
+            poison_allocator()
+            x = step_inputs(device)
+            return worst_excess(x, run_step(x), device)
     from k3rocm.smoke.interpreter import interpretable, kda_kernels
 
     x = step_inputs(device)
