@@ -63,3 +63,6 @@ def install() -> None:
         GDNAttentionMetadataBuilder=type("GDNAttentionMetadataBuilder", (_Stub,), {}),
         GDNAttentionMetadata=type("GDNAttentionMetadata", (_Stub,), {}),
     )
+    # The builder's block table helper (its recurrent warm-up; the harness
+    # calls kda_chunk_launch.warm_up_recurrent_kda itself).
+    _module("vllm.v1.attention.backends.utils", mamba_get_block_table_tensor=None)

@@ -353,14 +353,222 @@ def test_the_recurrent_kinds_follow_what_the_binary_depends_on():
     assert not launch._recurrent_layout(*transposed.values())
 
 
-def test_the_interpreter_runs_the_recurrent_wrapper_with_the_same_arguments():
+def batch_call(decodes=3, prefill=5, heads=HEADS, dim=HEAD_DIM, slots=8, width=2):
+    """recurrent_kda_launched's arguments (after ``vendored``) as patch 0004
+    passes them: the whole mixed batch's tensors (decodes first), the
+    state pool, a column of a block table ``width`` blocks wide."""
+    g = torch.Generator().manual_seed(11)
+    tokens = decodes + prefill
+
+    def randn(*size):
+        return torch.randn(*size, generator=g)
+
+    projected = randn(tokens, 3 * heads * dim + heads + dim)
+    beta = projected[:, 3 * heads * dim : 3 * heads * dim + heads].unsqueeze(0)
+    table = torch.arange(1, 1 + width * (decodes + 1), dtype=torch.int32)
+    return [
+        decodes, decodes,
+        *(randn(1, tokens, heads, dim) for _ in "qkv"),
+        randn(1, tokens, heads, dim), beta, randn(heads), randn(heads * dim),
+        -5.0, randn(slots, heads, dim, dim),
+        torch.arange(decodes + 2, dtype=torch.int32),
+        table.reshape(-1, width)[:, 0], torch.empty(1, tokens + 3, heads, dim),
+    ]  # fmt: skip
+
+
+CALL_NAMES = (
+    "q", "k", "v", "raw_g", "raw_beta", "A_log", "dt_bias", "lower_bound",
+    "initial_state", "cu_seqlens", "ssm_state_indices", "out",
+)  # fmt: skip
+
+
+def test_the_interpreter_runs_the_recurrent_wrapper_on_the_decodes_rows():
+    """Handed the whole batch, the launch gives the wrapper the decodes'
+    rows: views of the same memory, the sizes the wrapper checks."""
     assert launch.DIRECT is False
     seen = []
-    kwargs = decode_call()
+    call = batch_call()
     before = dict(launch.RECURRENT_STATS)
-    launch.recurrent_kda_launched(lambda **kw: seen.append(kw), **kwargs)
-    (call,) = seen
-    assert call.keys() == kwargs.keys()
-    assert all(call[n] is kwargs[n] for n in kwargs)
+    launch.recurrent_kda_launched(lambda **kw: seen.append(kw), *call)
+    (got,) = seen
+    assert tuple(got) == CALL_NAMES
+    decodes = call[0]
+    for name, given in zip(CALL_NAMES, call[2:], strict=True):
+        if not torch.is_tensor(given) or name in ("A_log", "dt_bias", "initial_state"):
+            assert got[name] is given, name
+            continue
+        assert got[name].data_ptr() == given.data_ptr(), name
+        assert got[name].stride() == given.stride(), name
+        rows = got[name].shape[0 if given.ndim == 1 else 1]
+        expected = {"cu_seqlens": decodes + 1}.get(name, decodes)
+        assert rows == expected, name
     assert launch.RECURRENT_STATS["vendored_calls"] == before["vendored_calls"] + 1
     assert launch.RECURRENT_STATS["plans_made"] == before["plans_made"]
+
+
+def _signature(call) -> tuple:
+    """recurrent_kda_launched's plan lookup key for ``call``, its pointers'
+    alignment taken in the order the launch takes it."""
+    q, k, v, raw_g, raw_beta, A_log, dt_bias, _, state, cu, idx, out = call[2:]
+    misaligned = launch._misaligned(
+        q, k, v, raw_g, raw_beta, A_log, dt_bias, out, state, cu, idx
+    )
+    return launch._recurrent_signature(*call[2:], misaligned)
+
+
+def _decision(call) -> tuple:
+    """What the full check decides for ``call``: covered or not, its kind."""
+    rows = launch._decode_rows(*call)
+    if not launch._recurrent_layout(*rows):
+        return (False,)
+    return True, launch._recurrent_key(launch._recurrent_arguments(*rows))
+
+
+def _moved(tensor: torch.Tensor, elements: int = 1) -> torch.Tensor:
+    """``tensor``'s values at the same strides, ``elements`` further on."""
+    span = 1 + sum(
+        (n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True)
+    )
+    base = torch.zeros(span + elements, dtype=tensor.dtype)
+    moved = torch.as_strided(base, tensor.shape, tensor.stride(), elements)
+    moved.copy_(tensor)
+    return moved
+
+
+def _with(call: list, index: int, *values) -> list:
+    return call[:index] + list(values) + call[index + len(values) :]
+
+
+def _variants():
+    """Calls that differ in one way each from batch_call's: layouts the
+    plans cover and layouts they do not, in every argument."""
+    base = batch_call()
+    Q, BETA, POOL, CU, IDX, OUT = 2, 6, 10, 11, 12, 13
+    yield "base", base
+    yield "more decodes", batch_call(decodes=5)
+    yield "more rows", batch_call(prefill=40)
+    yield "one decode", batch_call(decodes=1)
+    yield "wider table", batch_call(width=4)
+    yield "contiguous indices", _with(base, IDX, torch.arange(1, 5, dtype=torch.int32))
+    padded_pool = torch.zeros(8, 3, HEADS, HEAD_DIM, HEAD_DIM)[:, 1]
+    yield "padded pool", _with(base, POOL, padded_pool)
+    yield "transposed pool", _with(base, POOL, base[POOL].mT)
+    yield (
+        "strided cu_seqlens",
+        _with(base, CU, torch.arange(12, dtype=torch.int32)[::2]),
+    )
+    yield "no bias", _with(base, 8, None)
+    yield "no bound", _with(base, 9, None)
+    yield "int bound", _with(base, 9, -5)
+    for i, name in enumerate(CALL_NAMES):
+        value = base[2 + i]
+        if not torch.is_tensor(value):
+            continue
+        yield f"{name} in float16", _with(base, 2 + i, value.to(torch.float16))
+        yield f"{name} misaligned", _with(base, 2 + i, _moved(value))
+        yield f"{name} moved by 16 bytes", _with(base, 2 + i, _moved(value, 4))
+    wide_q = torch.zeros(1, 8, HEADS, 2 * HEAD_DIM)[..., :HEAD_DIM]
+    yield "q rows wider", _with(base, Q, wide_q)
+    qkv = torch.zeros(1, 8, 3, HEADS, HEAD_DIM)
+    yield "q k v one buffer", _with(base, Q, *(qkv[:, :, i] for i in range(3)))
+    yield "dense beta", _with(base, BETA, base[BETA].contiguous())
+    yield "out too short", _with(base, OUT, base[OUT][:, :2])
+    yield "tokens differ", [base[0], base[0] + 1, *base[2:]]
+    yield (
+        "fewer heads in out",
+        _with(base, OUT, torch.empty(1, 11, HEADS - 1, HEAD_DIM)),
+    )
+
+
+def test_one_signature_is_one_decision_of_the_full_check():
+    """The launch's cheap lookup is sound: two calls of one signature (with
+    the rows the decodes need) are covered or refused alike, and are of one
+    kind; the variants are met in pairs of every kind of difference."""
+    seen: dict[tuple, tuple] = {}
+    decisions = set()
+    for name, call in _variants():
+        enough = launch._rows(call[0], *call[2:7], call[13], call[11], call[12])
+        if call[0] != call[1] or not enough:  # the launch looks neither up
+            assert not _decision(call)[0], name
+            continue
+        decision = _decision(call)
+        decisions.add(decision)
+        signature = _signature(call)
+        if signature in seen:
+            assert seen[signature][1] == decision, (name, seen[signature][0])
+        seen[signature] = (name, decision)
+    assert (False,) in decisions
+    assert len(decisions) > 10
+    # Calls that differ only in their counts or in 16-byte moves share one
+    # signature: every layer of every step meets it again, no full check.
+    same = {"base", "more decodes", "more rows", "one decode"}
+    same |= {n for n, _ in _variants() if n.endswith("moved by 16 bytes")}
+    assert len({_signature(c) for n, c in _variants() if n in same}) == 1
+
+
+def _described(arguments) -> tuple:
+    """Kernel arguments with each tensor as what the kernel sees of it."""
+    return tuple(
+        (a.data_ptr(), a.shape, a.stride(), a.dtype) if torch.is_tensor(a) else a
+        for a in arguments
+    )
+
+
+def test_the_direct_launch_passes_the_wrappers_arguments(monkeypatch):
+    """With a plan (stood in: no binary on the CPU), a call is launched with
+    the pointers and values of _recurrent_arguments for its decodes' rows
+    and the wrapper's grid; a kind met first runs the wrapper and is planned
+    after it, a kind planned already (the warm-up's) is launched at once
+    under a new signature."""
+    launches, compiled = [], []
+
+    class Kernel:
+        def run(self, *args, grid, warmup, num_warps, num_stages):
+            compiled.append((args, grid, warmup, num_warps, num_stages))
+            return "binary"
+
+    def record(*args):
+        launches.append(args)
+
+    monkeypatch.setattr(launch, "DIRECT", True)
+    monkeypatch.setattr(launch, "_on_gpu", lambda tensor: True)
+    monkeypatch.setattr(launch, "_recurrent_kernel", Kernel)
+    monkeypatch.setattr(launch, "_direct", lambda binary: (record, "fn", "meta"))
+    monkeypatch.setattr(launch, "_current_stream", lambda device: ("stream", device))
+    monkeypatch.setattr(launch, "_RECURRENT_PLANS", {})
+    monkeypatch.setattr(launch, "_RECURRENT_SIGNATURES", {})
+    monkeypatch.setattr(
+        launch, "RECURRENT_STATS", {"vendored_calls": 0, "plans_made": 0}
+    )
+    wrapper = []
+
+    def vendored(**kwargs):
+        wrapper.append(kwargs)
+
+    first = batch_call(decodes=3)
+    launch.recurrent_kda_launched(vendored, *first)
+    assert len(wrapper) == 1 and launches == []
+    ((args, grid, warmup, warps, stages),) = compiled
+    expected = launch._recurrent_arguments(*launch._decode_rows(*first))
+    assert _described(args) == _described(expected[:-1])
+    assert (grid, warmup, warps, stages) == ((1,), True, 4, 2)
+    assert launch.RECURRENT_STATS == {"vendored_calls": 1, "plans_made": 1}
+
+    def pointers(call):
+        arguments = launch._recurrent_arguments(*launch._decode_rows(*call))
+        return tuple(a.data_ptr() if torch.is_tensor(a) else a for a in arguments)
+
+    second = batch_call(decodes=5, prefill=9)
+    launch.recurrent_kda_launched(vendored, *second)
+    (call,) = launches
+    arguments = launch._recurrent_arguments(*launch._decode_rows(*second))
+    grid = launch._recurrent_grid(arguments)
+    assert call[:9] == (grid, 1, 1, ("stream", -1), "fn", "meta", None, None, None)
+    assert call[9:] == pointers(second)
+    assert len(wrapper) == 1
+
+    monkeypatch.setattr(launch, "_RECURRENT_SIGNATURES", {})
+    launch.recurrent_kda_launched(vendored, *second)
+    assert len(wrapper) == 1 and len(launches) == 2 and len(compiled) == 1
+    assert launches[1][9:] == pointers(second)
+    assert len(launch._RECURRENT_SIGNATURES) == 1

@@ -10,6 +10,8 @@ checked on a GPU (docs/benchmarks.md), are replaced by a recorder. Everything
 between the builder and that call is the real layer.
 """
 
+import dataclasses
+import math
 import socket
 
 import pytest
@@ -385,3 +387,130 @@ def test_the_rocm_builder_warms_up_its_groups_kimi_layers(
         spec, ["model.layers.9.mlp"], vllm_config, torch.device("cpu")
     )
     assert alone.chunk_kda_warm_up.layers == alone.chunk_kda_warm_up.kinds == 0
+
+
+# The recurrent kernel that takes a mixed batch's decodes bakes in the row
+# strides of its inputs, of the state pool and of the state indices; its
+# warm-up (kda_chunk_launch.warm_up_recurrent_kda, run by the ROCm builder
+# at its first build) must meet the kind of the layer's own call for the
+# layer's real pool and the step's real block table.
+RECURRENT_ORDER = (
+    "q", "k", "v", "raw_g", "raw_beta", "A_log", "dt_bias", "lower_bound",
+    "initial_state", "cu_seqlens", "ssm_state_indices", "out",
+)  # fmt: skip
+TABLE_WIDTH = 3  # blocks per request: a block table column is strided
+
+
+def bind_pages(layer, blocks: int = 24, padding: int = 64) -> None:
+    """The layer's KV cache as vLLM 0.27.1 binds it (MambaBase.bind_kv_cache:
+    one int8 page per block holding the conv, then the recurrent state),
+    pages padded as vLLM pads a hybrid model's. The states are float32, as
+    make_layer's (the dtypes come from the model config, which the test
+    layers lack)."""
+    layer.get_state_dtype = lambda: (torch.float32, torch.float32)
+    shapes, dtypes = layer.get_state_shape(), layer.get_state_dtype()
+    page = sum(math.prod(s) * d.itemsize for s, d in zip(shapes, dtypes, strict=True))
+    layer.bind_kv_cache(torch.zeros(blocks, 1, 1, page + padding, dtype=torch.int8))
+
+
+@pytest.fixture(scope="module")
+def paged_layers(vllm_config):
+    """A low-rank and a full-rank gate layer with paged KV caches, loaded."""
+    layers = [
+        make_layer(vllm_config, "model.layers.2.self_attn"),
+        make_layer(
+            vllm_config,
+            "model.layers.3.self_attn",
+            use_full_rank_gate=True,
+            gate_lower_bound=-5.0,
+        ),
+    ]
+    for target in layers:
+        bind_pages(target)
+        for module in target.modules():
+            method = getattr(module, "quant_method", None)
+            if method is not None:
+                method.process_weights_after_loading(module)
+    return layers
+
+
+def wide_table(metadata):
+    """The metadata with a block table TABLE_WIDTH blocks per request, as the
+    model runner's is (a row per request, the state block first)."""
+    rows = metadata.num_reqs
+    table = torch.arange(1, 1 + rows * TABLE_WIDTH, dtype=torch.int32)
+    return dataclasses.replace(metadata, block_table_tensor=table.reshape(rows, -1))
+
+
+def recurrent_kind(kwargs) -> tuple:
+    """The kind (plan key) of the wrapper call the layer made."""
+    call = tuple(kwargs[name] for name in RECURRENT_ORDER)
+    assert chunk_launch._recurrent_layout(*call)
+    return chunk_launch._recurrent_key(chunk_launch._recurrent_arguments(*call))
+
+
+@pytest.mark.parametrize("gate", [0, 1], ids=["low-rank", "full-rank"])
+@pytest.mark.parametrize(
+    "batch",
+    [Batch([], 3, [70], 0, [5, 9, 2, 0]), Batch([], 1, [2, 65], 2, [4, 0, 0, 0, 0])],
+    ids=["3 decodes", "1 decode, padding"],
+)
+def test_the_recurrent_warm_up_meets_the_layers_decode_call(
+    gate, batch, paged_layers, vllm_config, rocm_builder, recorder, monkeypatch
+):
+    """Real forwards of a mixed batch on ROCm: the decodes' call is of the
+    kind the warm-up plans for the layer's pool and the builder's state
+    indices (so on a GPU it has a plan and compiles nothing); a contiguous
+    pool or contiguous state indices would be other kinds."""
+    target = paged_layers[gate]
+    common = wide_table(batch.metadata(0))
+    metadata = rocm_builder.build(0, common)
+    recorder.recurrent.clear()
+    run_layer(
+        target, vllm_config, metadata, int(common.num_actual_tokens) + 5, monkeypatch
+    )
+    (call,) = recorder.recurrent
+    pool = target.kv_cache[1]
+    indices = common.block_table_tensor[:, 0]
+    warm = chunk_launch.recurrent_warm_up_call(target, pool, indices)
+    assert chunk_launch.recurrent_call_kind(warm) == recurrent_kind(call)
+    dense_pool = torch.zeros(pool.shape)
+    dense_indices = indices.contiguous()
+    for other in (
+        chunk_launch.recurrent_warm_up_call(target, dense_pool, indices),
+        chunk_launch.recurrent_warm_up_call(target, pool, dense_indices),
+    ):
+        assert chunk_launch.recurrent_call_kind(other) != recurrent_kind(call)
+
+
+def test_the_rocm_builder_warms_up_the_recurrent_launches_at_its_first_build(
+    paged_layers, vllm_config
+):
+    """Built, the builder has no recurrent plans yet (no KV cache exists);
+    its first build plans its layers' decode calls (here on the CPU, where
+    nothing compiles, the kinds are counted), later builds keep that. A
+    layer whose KV cache is not bound yet defers it to the next build."""
+    spec = make_builder(KimiK3ROCmKDAMetadataBuilder, 0).kv_cache_spec
+    names = [x.prefix for x in paged_layers]
+    builder = KimiK3ROCmKDAMetadataBuilder(
+        spec, names, vllm_config, torch.device("cpu")
+    )
+    assert builder.recurrent_kda_warm_up is None
+    common = wide_table(Batch([], 2, [9], 0, [3, 3, 0]).metadata(0))
+    builder.build(0, common)
+    warm_up = builder.recurrent_kda_warm_up
+    assert warm_up is not None
+    assert (warm_up.layers, warm_up.kinds, warm_up.made) == (2, 2, 0)
+    builder.build(0, common)
+    assert builder.recurrent_kda_warm_up is warm_up
+
+    unbound = make_layer(vllm_config, "model.layers.4.self_attn")
+    del unbound.kv_cache
+    later = KimiK3ROCmKDAMetadataBuilder(
+        spec, [*names, unbound.prefix], vllm_config, torch.device("cpu")
+    )
+    later.build(0, common)
+    assert later.recurrent_kda_warm_up is None
+    bind_pages(unbound)
+    later.build(0, common)
+    assert later.recurrent_kda_warm_up.layers == 3

@@ -113,8 +113,8 @@ def test_build_info_in_a_registry_of_its_own(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("value", "label"), [("0.27.1-rocm7.2-k3.6", "0.27.1-rocm7.2-k3.6"),
-                         (" 0.27.1-rocm7.2-k3.6\n", "0.27.1-rocm7.2-k3.6"),
+    ("value", "label"), [("0.27.1-rocm7.2-k3.7", "0.27.1-rocm7.2-k3.7"),
+                         (" 0.27.1-rocm7.2-k3.7\n", "0.27.1-rocm7.2-k3.7"),
                          ("", "unknown"), ("  ", "unknown")]
 )  # fmt: skip
 def test_build_info_image_tag_as_the_setting_reads_it(monkeypatch, value, label):

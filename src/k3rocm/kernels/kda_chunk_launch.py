@@ -711,10 +711,14 @@ def warm_up_chunk_kda(
 # them off chunk KDA): fused_recurrent_kda as the layer calls it there (gate
 # and beta sigmoid fused, q/k L2-normalized in the kernel, one token per
 # sequence), through a plan of its kind as well. Its wrapper and Triton's
-# dispatcher cost more host time than the kernel runs (docs/benchmarks.md).
-# It has no warm-up: the kernel bakes the state pool's and the state
-# indices' row strides in, which only the first mixed step shows; that
-# call runs vLLM's wrapper and its binary is planned after it.
+# dispatcher cost more host time than the kernel runs (docs/benchmarks.md),
+# and so would checking every call in full: a call is matched to its plan
+# by a signature of its tensors' layouts (``_recurrent_signature``), and a
+# signature is checked in full once, the first time it is met. The kernel
+# bakes the state pool's and the state indices' row strides in, which exist
+# once the KV cache and the block table do: the ROCm builder plans the
+# layers' calls (``warm_up_recurrent_kda``) at its first build, which vLLM
+# makes while it captures CUDA graphs, before the server is ready.
 _RECURRENT_BV = 32  # the wrapper's block with the gate in the kernel
 _RECURRENT_WARPS = 4
 _RECURRENT_STAGES = 2
@@ -784,53 +788,260 @@ def _recurrent_key(args: tuple) -> tuple:
     )
 
 
-_RECURRENT_PLANS: dict[tuple, tuple] = {}
+def _recurrent_signature(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
+                         state, cu_seqlens, state_indices, out,
+                         misaligned: int) -> tuple:  # fmt: skip
+    """What the plan lookup compares, for the whole batch's tensors (the
+    decodes are their first rows): every tensor's dtype, its strides and
+    its shape but those that follow the token count (the batch's and the
+    padded forward's: the token dimension, and the stride of the batch
+    dimension of size 1, which nothing reads), the device, the pointers'
+    alignment, which optional inputs are given. Two calls of one signature
+    (and enough rows) pass or fail ``_recurrent_layout`` alike and have one
+    ``_recurrent_key``: all either depends on is in it (tested)."""
+    qs, ks, vs, gs, bs, os_ = (
+        q.shape, k.shape, v.shape, raw_g.shape, raw_beta.shape, out.shape
+    )  # fmt: skip
+    return (
+        q.get_device(), misaligned, type(lower_bound),
+        q.dtype, qs[0], qs[2:], q.stride()[1:],
+        k.dtype, ks[0], ks[2:], k.stride()[1:],
+        v.dtype, vs[0], vs[2:], v.stride()[1:],
+        raw_g.dtype, gs[0], gs[2:], raw_g.stride()[1:],
+        raw_beta.dtype, bs[0], bs[2:], raw_beta.stride()[1:],
+        out.dtype, os_[0], os_[2:], out.stride()[1:],
+        state.dtype, state.shape[1:], state.stride(),
+        cu_seqlens.dtype, cu_seqlens.stride(),
+        state_indices.dtype, state_indices.stride(),
+        A_log.dtype, A_log.is_contiguous(),
+        None if dt_bias is None else (dt_bias.dtype, dt_bias.is_contiguous()),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RecurrentPlan:
+    """One kind of recurrent call's binary as a direct launch, and the
+    arguments it takes that are the same for every call of the kind."""
+
+    run: object
+    function: object
+    packed_metadata: object
+    scale: float
+    constexprs: tuple  # the arguments after T: dimensions, strides, flags
+    programs_per_sequence: int  # the wrapper's grid: value blocks x heads
+
+
+def _plan_recurrent(args: tuple) -> RecurrentPlan | None:
+    """The plan of the call with these kernel arguments: the binary Triton's
+    dispatcher launches for them (compiled now unless Triton has it: its
+    warm-up run launches nothing), or None where this Triton lacks the
+    internals. num_stages is a constexpr of the kernel and its compile
+    option both; given by name it is both, as the wrapper gives it."""
+    jit, _ = unwrap(_recurrent_kernel())
+    binary = jit.run(
+        *args[:-1], grid=(1,), warmup=True, num_warps=_RECURRENT_WARPS,
+        num_stages=args[-1],
+    )  # fmt: skip
+    direct = _direct(binary)
+    if direct is None:
+        return None
+    H, V = args[16], args[18]
+    return RecurrentPlan(
+        *direct, scale=args[13], constexprs=args[16:],
+        programs_per_sequence=-(-V // _RECURRENT_BV) * H,
+    )  # fmt: skip
+
+
+# Plans by kind (_recurrent_key), and the same plans by the signatures
+# checked so far (_recurrent_signature).
+_RECURRENT_PLANS: dict[tuple, RecurrentPlan] = {}
+_RECURRENT_SIGNATURES: dict[tuple, RecurrentPlan] = {}
+# vendored_calls: calls that ran vLLM's wrapper; plans_made: plans made
+# after one or by the warm-up.
 RECURRENT_STATS = {"vendored_calls": 0, "plans_made": 0}
 
 
-def recurrent_kda_launched(vendored, q, k, v, raw_g, raw_beta, A_log, dt_bias,
-                           lower_bound, initial_state, cu_seqlens,
-                           ssm_state_indices, out):  # fmt: skip
-    """``vendored(...)`` (fused_recurrent_kda, keyword arguments as patch
-    0004 passes them) for a mixed batch's decodes: through the plan of the
-    call's kind; else through ``vendored``, planning the kind after it.
-    Writes the outputs into ``out`` and the states into ``initial_state``
-    in place, as the wrapper does."""
-    call = (q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
-            initial_state, cu_seqlens, ssm_state_indices, out)  # fmt: skip
+def recurrent_kda_launched(vendored, decodes, decode_tokens, q, k, v, raw_g,
+                           raw_beta, A_log, dt_bias, lower_bound,
+                           initial_state, cu_seqlens, ssm_state_indices,
+                           out) -> None:  # fmt: skip
+    """``vendored(...)`` (fused_recurrent_kda) for the ``decodes``
+    sequences of ``decode_tokens`` tokens that open a mixed batch, given
+    the whole batch's tensors (q, k, v, raw_g, raw_beta and out by token,
+    cu_seqlens and ssm_state_indices by sequence; the calls read and write
+    their first rows only, so no views are cut for them): through the plan
+    of the call's kind; else through ``vendored`` with those rows
+    (keyword arguments as the wrapper takes them), planning the kind after
+    it. Writes the outputs into ``out`` and the states into
+    ``initial_state`` in place, as the wrapper does."""
+    if DIRECT and decodes == decode_tokens > 0:
+        # The pointers are the launch's arguments and the alignment's source.
+        d = None if dt_bias is None else dt_bias.data_ptr()
+        pointers = (
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), raw_g.data_ptr(),
+            raw_beta.data_ptr(), A_log.data_ptr(), d, out.data_ptr(),
+            initial_state.data_ptr(), cu_seqlens.data_ptr(),
+            ssm_state_indices.data_ptr(),
+        )  # fmt: skip
+        misaligned = 0
+        if (pointers[0] | pointers[1] | pointers[2] | pointers[3] | pointers[4]
+                | pointers[5] | (d or 0) | pointers[7] | pointers[8]
+                | pointers[9] | pointers[10]) & 15:  # fmt: skip
+            misaligned = _misaligned(q, k, v, raw_g, raw_beta, A_log, dt_bias,
+                                     out, initial_state, cu_seqlens,
+                                     ssm_state_indices)  # fmt: skip
+        signature = _recurrent_signature(
+            q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
+            initial_state, cu_seqlens, ssm_state_indices, out, misaligned,
+        )  # fmt: skip
+        plan = _RECURRENT_SIGNATURES.get(signature)
+        if plan is not None and _rows(decodes, q, k, v, raw_g, raw_beta, out,
+                                      cu_seqlens, ssm_state_indices):  # fmt: skip
+            plan.run(
+                decodes * plan.programs_per_sequence, 1, 1,
+                _current_stream(signature[0]), plan.function,
+                plan.packed_metadata, None, None, None, *pointers, None,
+                lower_bound, plan.scale, decodes, decode_tokens,
+                *plan.constexprs,
+            )  # fmt: skip
+            return
+    else:
+        signature = None
+    call = _decode_rows(
+        decodes, decode_tokens, q, k, v, raw_g, raw_beta, A_log, dt_bias,
+        lower_bound, initial_state, cu_seqlens, ssm_state_indices, out,
+    )  # fmt: skip
     key = None
-    if DIRECT and q.is_cuda and _recurrent_layout(*call):
+    if signature is not None and _on_gpu(q) and _recurrent_layout(*call):
         args = _recurrent_arguments(*call)
         key = _recurrent_key(args)
         plan = _RECURRENT_PLANS.get(key)
-        if plan is not None:
-            run, function, packed_metadata = plan
+        if plan is not None:  # a kind planned already (the warm-up's)
+            _RECURRENT_SIGNATURES[signature] = plan
             pointers = (a.data_ptr() if torch.is_tensor(a) else a for a in args)
-            run(_recurrent_grid(args), 1, 1, _current_stream(key[0]), function,
-                packed_metadata, None, None, None, *pointers)  # fmt: skip
-            return out, initial_state
+            plan.run(
+                decodes * plan.programs_per_sequence, 1, 1,
+                _current_stream(key[0]), plan.function, plan.packed_metadata,
+                None, None, None, *pointers,
+            )  # fmt: skip
+            return
     RECURRENT_STATS["vendored_calls"] += 1
-    result = vendored(
-        q=q, k=k, v=v, raw_g=raw_g, raw_beta=raw_beta, A_log=A_log,
-        dt_bias=dt_bias, lower_bound=lower_bound, initial_state=initial_state,
-        cu_seqlens=cu_seqlens, ssm_state_indices=ssm_state_indices, out=out,
+    vendored(
+        q=call[0], k=call[1], v=call[2], raw_g=call[3], raw_beta=call[4],
+        A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+        initial_state=initial_state, cu_seqlens=call[9],
+        ssm_state_indices=call[10], out=call[11],
     )  # fmt: skip
-    if key is not None and key not in _RECURRENT_PLANS:
-        # num_stages is a constexpr of the kernel and its compile option
-        # both; given by name it is both, as the wrapper gives it.
-        jit, _ = unwrap(_recurrent_kernel())
-        binary = jit.run(
-            *args[:-1], grid=(1,), warmup=True, num_warps=_RECURRENT_WARPS,
-            num_stages=args[-1],
-        )  # fmt: skip
-        direct = _direct(binary)
-        if direct is not None:
-            _RECURRENT_PLANS[key] = direct
+    if key is not None:
+        plan = _plan_recurrent(args)
+        if plan is not None:
+            _RECURRENT_PLANS[key] = _RECURRENT_SIGNATURES[signature] = plan
             RECURRENT_STATS["plans_made"] += 1
-    return result
+
+
+def _on_gpu(tensor: torch.Tensor) -> bool:
+    """Where plans are made (a test stands in for it on the CPU)."""
+    return tensor.is_cuda
+
+
+def _decode_rows(decodes, tokens, q, k, v, raw_g, raw_beta, A_log, dt_bias,
+                 lower_bound, state, cu_seqlens, state_indices,
+                 out) -> tuple:  # fmt: skip
+    """The wrapper's arguments (in _recurrent_arguments' order) for the
+    batch's first ``decodes`` sequences, ``tokens`` tokens."""
+    return (
+        q[:, :tokens], k[:, :tokens], v[:, :tokens], raw_g[:, :tokens],
+        raw_beta[:, :tokens], A_log, dt_bias, lower_bound, state,
+        cu_seqlens[: decodes + 1], state_indices[:decodes], out[:, :tokens],
+    )  # fmt: skip
+
+
+def _rows(decodes, q, k, v, raw_g, raw_beta, out, cu_seqlens, state_indices) -> bool:
+    """Every tensor has the rows the decodes' launch reads or writes."""
+    return (
+        min(q.shape[1], k.shape[1], v.shape[1], raw_g.shape[1], raw_beta.shape[1],
+            out.shape[1], state_indices.shape[0], cu_seqlens.shape[0] - 1)
+        >= decodes
+    )  # fmt: skip
 
 
 def _recurrent_grid(args: tuple) -> int:
     """The wrapper's grid: a program per value block, sequence and head."""
     H, V = args[16], args[18]
     return -(-V // _RECURRENT_BV) * args[14] * H
+
+
+def recurrent_warm_up_call(layer, state: torch.Tensor,
+                           state_indices: torch.Tensor) -> tuple:  # fmt: skip
+    """recurrent_kda_launched's arguments (after ``vendored``) for one
+    decode of a mixed batch, laid out as ``layer`` (a Kimi KDA layer with
+    the series) lays out its own call: q, k, v dense (the convolution's
+    outputs), raw_g rows of the gate projection's output, raw_beta the
+    fused projection's view cut by the layer's ``split_projection``, out
+    rows of core_attn_out; ``state`` the layer's state pool and
+    ``state_indices`` the step's (a column of the block table), as given."""
+    calls = LayerCalls(layer, 1, state.device)
+    beta = layer.split_projection(calls.projected)[3].unsqueeze(0)
+    out = torch.empty_like(calls.q)
+    cu_seqlens = torch.tensor([0, 1], dtype=torch.int32, device=state.device)
+    return (
+        1, 1, calls.q, calls.k, calls.v, calls.gate, beta, layer.A_log,
+        layer.dt_bias, layer.gate_lower_bound, state, cu_seqlens,
+        state_indices, out,
+    )  # fmt: skip
+
+
+def recurrent_call_kind(call: tuple) -> tuple | None:
+    """The kind (plan key) of a recurrent_kda_launched call, from its
+    arguments after ``vendored``; None for one no plan covers (it runs the
+    wrapper)."""
+    sliced = _decode_rows(*call)
+    if call[0] != call[1] or not _recurrent_layout(*sliced):
+        return None
+    return _recurrent_key(_recurrent_arguments(*sliced))
+
+
+@dataclass(frozen=True)
+class RecurrentWarmUp:
+    """What warm_up_recurrent_kda did."""
+
+    layers: int  # layers warmed up
+    kinds: int  # kinds of call those layers' decode calls are of
+    plans: int  # recurrent plans ready now (any layer)
+    made: int  # of those, made by this call
+    seconds: float
+
+
+def warm_up_recurrent_kda(
+    layers, states, state_indices: torch.Tensor
+) -> RecurrentWarmUp:
+    """Plan the recurrent kernel for the decode calls Kimi KDA ``layers``
+    make in mixed batches, before serving: ``states`` are their state pools
+    (the KV cache's views), ``state_indices`` the step's state indices as
+    the GDN builder cuts them (a column of the block table); their row
+    strides are constexprs of the kernel. Triton compiles each kind's binary
+    without launching it (nothing is written). Elsewhere than on a GPU with
+    direct launches nothing is compiled; the kinds are still counted."""
+    start = time.perf_counter()
+    before = RECURRENT_STATS["plans_made"]
+    kinds: set[tuple] = set()
+    count = 0
+    for layer, state in zip(layers, states, strict=True):
+        count += 1
+        call = recurrent_warm_up_call(layer, state, state_indices)
+        kind = recurrent_call_kind(call)
+        if kind is None:
+            continue
+        kinds.add(kind)
+        if DIRECT and _on_gpu(state) and kind not in _RECURRENT_PLANS:
+            plan = _plan_recurrent(_recurrent_arguments(*_decode_rows(*call)))
+            if plan is not None:
+                _RECURRENT_PLANS[kind] = plan
+                RECURRENT_STATS["plans_made"] += 1
+    return RecurrentWarmUp(
+        count,
+        len(kinds),
+        len(_RECURRENT_PLANS),
+        RECURRENT_STATS["plans_made"] - before,
+        time.perf_counter() - start,
+    )

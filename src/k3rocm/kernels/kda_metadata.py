@@ -33,6 +33,7 @@ from vllm.v1.attention.backends.gdn_attn import (
     GDNAttentionBackend,
     GDNAttentionMetadataBuilder,
 )
+from vllm.v1.attention.backends.utils import mamba_get_block_table_tensor
 
 from .kda_metadata_kernel import (
     _TILE_SHAPES,
@@ -45,7 +46,10 @@ from .kda_metadata_kernel import (
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.kv_cache_interface import AttentionSpec
+
+    from .ops.third_party.kda.kda_chunk_launch import RecurrentWarmUp
 
 logger = init_logger(__name__)
 
@@ -299,9 +303,12 @@ class KimiK3ROCmKDAMetadataBuilder(GDNAttentionMetadataBuilder):
         from .ops.third_party.kda.kda_chunk_launch import warm_up_chunk_kda
 
         layers = kimi_kda_layers(vllm_config, layer_names)
+        self.kda_layers = layers
         self.chunk_kda_warm_up = warm_up_chunk_kda(
             layers, scheduler.max_num_batched_tokens, device
         )
+        # Made at the first build that finds the layers' state pools bound.
+        self.recurrent_kda_warm_up: RecurrentWarmUp | None = None
         logger.info(
             "KDA chunk launches: %d plans ready (%d made now) for %d layers, "
             "%d kinds of call, in %.2f s",
@@ -311,6 +318,47 @@ class KimiK3ROCmKDAMetadataBuilder(GDNAttentionMetadataBuilder):
             self.chunk_kda_warm_up.kinds,
             self.chunk_kda_warm_up.seconds,
         )
+
+    def build(self, common_prefix_len, common_attn_metadata, *args, **kwargs):
+        if self.recurrent_kda_warm_up is None:
+            self.recurrent_kda_warm_up = self._warm_up_recurrent(common_attn_metadata)
+        return super().build(common_prefix_len, common_attn_metadata, *args, **kwargs)
+
+    def _warm_up_recurrent(
+        self, m: "CommonAttentionMetadata"
+    ) -> "RecurrentWarmUp | None":
+        """Plan the layers' decode calls for their real state pools and the
+        state indices GDNAttentionMetadataBuilder.build cuts from this
+        block table; None (try again at the next build) while a pool is not
+        bound yet or a CUDA graph is being captured."""
+        from .ops.third_party.kda.kda_chunk_launch import warm_up_recurrent_kda
+
+        states = []
+        for layer in self.kda_layers:
+            cache = getattr(layer, "kv_cache", None)
+            state = cache[1] if isinstance(cache, tuple) and len(cache) > 1 else None
+            if not isinstance(state, torch.Tensor) or not state.numel():
+                return None
+            states.append(state)
+        if states and states[0].is_cuda and torch.cuda.is_current_stream_capturing():
+            return None
+        blocks = mamba_get_block_table_tensor(
+            m.block_table_tensor,
+            m.seq_lens,
+            self.kv_cache_spec,
+            self.vllm_config.cache_config.mamba_cache_mode,
+        )
+        warm_up = warm_up_recurrent_kda(self.kda_layers, states, blocks[:, 0])
+        logger.info(
+            "KDA recurrent launches: %d plans ready (%d made now) for %d "
+            "layers, %d kinds of call, in %.2f s",
+            warm_up.plans,
+            warm_up.made,
+            warm_up.layers,
+            warm_up.kinds,
+            warm_up.seconds,
+        )
+        return warm_up
 
     def _build_chunk_metadata(
         self,
