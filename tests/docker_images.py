@@ -324,8 +324,15 @@ class Stream(threading.Thread):
         self.tokens = 0
         self.done = False
         self.errors: list[str] = []
+        self.ended: float | None = None  # time.monotonic() at its end
 
     def run(self) -> None:
+        try:
+            self._read()
+        finally:
+            self.ended = time.monotonic()
+
+    def _read(self) -> None:
         body = {
             "model": "kimi-k3",
             "prompt": "a b c d",

@@ -20,6 +20,7 @@ import time
 
 import pytest
 import yaml
+from bodiless import answer_of, headers_only
 from docker_images import (
     IN_CONTAINER_MODEL,
     LONGEST_STREAM,
@@ -29,6 +30,7 @@ from docker_images import (
     docker,
     http,
     running_container,
+    server_logs,
     vllm_processes,
 )
 from vllm_trees import REPO
@@ -168,8 +170,15 @@ def test_docker_stop_drains_every_accepted_stream(served):
     served.wait_for(
         "every stream under way", lambda: all(s.events > 0 for s in streams), 120
     )
+    # 40 clients that sent a POST's headers and never its body: they must
+    # not hold the stop past the streams (issue 31).
+    bodiless = [headers_only(served.port) for _ in range(40)]
+    stop_returned, stop_wall = [], time.time()
     stopper = threading.Thread(
-        target=docker, args=("stop", served.name), kwargs={"timeout": 300}
+        target=lambda: (
+            docker("stop", served.name, timeout=300),
+            stop_returned.append(time.monotonic()),
+        )
     )
     stopper.start()
     served.wait_for(
@@ -192,6 +201,16 @@ def test_docker_stop_drains_every_accepted_stream(served):
         (STREAM_TOKENS, True, [])
     ] * STREAMS
     assert served.state()["ExitCode"] == 0
+    # The stop ended with the last stream, not at the grace's end, and vLLM
+    # stopped on its own (no SIGKILL); every bodiless client was told 503.
+    # 30 s: vLLM's shutdown after the drain takes ~10 s here; a bodiless
+    # client counted in flight would hold it to BODY_SECONDS (60) at least.
+    assert stop_returned[0] - max(s.ended for s in streams) < 30
+    answers = [answer_of(client) for client in bodiless]
+    assert all(a.startswith(b"HTTP/1.1 503") for a in answers), answers[:3]
+    stop_log = server_logs(served.name, since=stop_wall)
+    assert "stopped: vllm (exit status 0)" in stop_log, stop_log[-3000:]
+    assert "SIGKILL" not in stop_log, stop_log[-3000:]
     logs = served.logs()
     # The drain's own first count, taken as the stop arrived: every stream was
     # still running then, so the drain, not luck, delivered them (a health
@@ -298,6 +317,9 @@ def test_a_failed_smoke_test_under_stop_exits_4_and_is_not_loaded_again(image, m
 
 
 def test_a_failed_smoke_test_under_warn_serves_with_verdict_0(image, model):
+    """Then, as this server is up anyway: `docker stop` with 40 clients that
+    sent a POST's headers and never its body returns in under 10 s, exit 0,
+    no SIGKILL, each client answered 503 (issue 31)."""
     with running_container(
         image,
         model,
@@ -308,6 +330,15 @@ def test_a_failed_smoke_test_under_warn_serves_with_verdict_0(image, model):
         _, metrics = http(f"{container.base_url}/metrics")
         assert "k3rocm_smoke_verdict 0.0" in metrics
         assert "SERVING ANYWAY" in container.logs()
+        bodiless = [headers_only(container.port) for _ in range(40)]
+        started, stop_wall = time.monotonic(), time.time()
+        docker("stop", container.name, timeout=120)
+        assert time.monotonic() - started < 10
+        assert container.state()["ExitCode"] == 0
+        stop_log = server_logs(container.name, since=stop_wall)
+        assert "SIGKILL" not in stop_log, stop_log[-3000:]
+        answers = [answer_of(client) for client in bodiless]
+        assert all(a.startswith(b"HTTP/1.1 503") for a in answers), answers[:3]
 
 
 @pytest.mark.skipif(

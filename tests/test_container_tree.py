@@ -14,13 +14,13 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
+from bodiless import answer_of, headers_only
 from container_tree import session_processes, start_container_tree, stop_container_tree
 from mounts import full
 
@@ -116,25 +116,6 @@ def test_smoke_passes_then_sigterm_stops_vllm_gracefully(container, tmp_path):
     assert session_processes(tree.process.pid) == []
     answers = [answer_of(client) for client in bodiless]
     assert all(a.startswith(b"HTTP/1.1 503") for a in answers), answers[:3]
-
-
-def headers_only(port: int) -> socket.socket:
-    """A connection that has sent a POST's headers, announcing a body it
-    never sends."""
-    client = socket.create_connection(("127.0.0.1", port), timeout=30)
-    client.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
-        b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
-    )
-    return client
-
-
-def answer_of(client: socket.socket) -> bytes:
-    with client:
-        try:
-            return client.recv(200)
-        except OSError as err:
-            return repr(err).encode()
 
 
 @pytest.mark.server
