@@ -1,7 +1,9 @@
 """Gather what the GPU harness runs on the lent machine into .gpu/ (ignored
 by git, carried to the device): the vLLM 0.27.1 kernel files as the series
-patched them, the same files unpatched, and upstream's metadata kernel from
-the vLLM 0.28.0 wheel (for comparison only; never committed).
+patched them, the same files unpatched, upstream's metadata kernel from
+the vLLM 0.28.0 wheel (for comparison only; never committed), and series
+k3.6's launch module beside the patched one (gpu_peel.py times its
+recurrent launch against this revision's in one process).
 
     .venv/bin/python benchmarks/gpu_bundle.py
 """
@@ -46,6 +48,10 @@ SERIES_MODULES = [
 # The last commit before the kernel became a source file (gpu_ablation.py
 # times its kernel as "previous").
 PREVIOUS = "35938ce"
+# Series k3.6 as released, and where its launch module goes in the bundle.
+K36 = "b46b0b0"
+K36_SOURCE = "src/k3rocm/kernels/kda_chunk_launch.py"
+K36_MODULE = "vllm/models/kimi_k3/amd/ops/third_party/kda/kda_chunk_launch_k36.py"
 
 
 def copy(src_root: Path, dest_root: Path, files: list[str]) -> None:
@@ -82,6 +88,9 @@ def main() -> None:
     copy(installed_root(), BUNDLE / "pristine", KERNEL_FILES)
     copy(UPSTREAM_TREE, BUNDLE / "upstream", [SERIES_MODULE])
     save_previous_kernel()
+    k36 = git_show(K36, K36_SOURCE)
+    if k36 is not None:
+        (BUNDLE / "patched" / K36_MODULE).write_text(k36)
     print(f"bundle in {BUNDLE}")
 
 

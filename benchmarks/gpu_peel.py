@@ -1,31 +1,40 @@
-"""Issue 28 item 5 on the lent GPU: what series k3.6's decode peel costs, side
-by side with k3.5 in one process, paired.
+"""Issue 28 item 5 on the lent GPU: what the decode peel costs, side by side
+in one process, paired, three revisions of the non-spec mixed step:
 
-- before (k3.5): one chunk KDA call over the whole non-spec batch (decodes
-  as 1-token sequences) through the launched path, with the k3.5 device
-  metadata for that batch (built once per step);
-- after (k3.6): fused_recurrent_kda for the decodes (state pool and state
-  indices, ``out=`` rows of the output) plus the launched chunk KDA call over
-  the prefill slice, with the device metadata for prefill_query_start_loc
-  (built once per step, as the builder does).
+- k3.5: one chunk KDA call over the whole non-spec batch (decodes as 1-token
+  sequences) through the launched path, with the k3.5 device metadata for
+  that batch (built once per step);
+- k3.6: fused_recurrent_kda for the decodes (state pool and state indices,
+  ``out=`` rows of the output) through series k3.6's recurrent launch
+  (kda_chunk_launch_k36, bundled from git: the full layout check, argument
+  list and plan key at every call, on views of the decodes' rows) plus the
+  launched chunk KDA call over the prefill slice, with the device metadata
+  for prefill_query_start_loc (built once per step, as the builder does);
+- k3.7: the same with this revision's recurrent launch (handed the whole
+  batch's tensors as patch 0004 hands them, matched to its plan by a
+  layout signature).
 
-Both sides leave out what the layer does around the ops on either side
-alike (gather_initial_states, the state write-back). Measured:
+All three leave out what the layer does around the ops on every side alike
+(gather_initial_states, the state write-back). Measured:
 
 1. compiles and vendored calls over 3,000 serving-like steps after the
    warm-up (gpu_compiles.serving_mix, each step peeled as the layer peels
-   it), the chunk kernels' and the recurrent kernel's apart (the recurrent
-   kernel has no warm-up: its constexpr strides are known at the first
-   step only);
-2. GPU and host time per layer call of each side at the bench's shapes
+   it), the chunk kernels' and the recurrent kernel's apart: the chunk
+   warm-up the builder makes when built, then the recurrent warm-up it
+   makes at its first build (kda_chunk_launch.warm_up_recurrent_kda, for
+   the stand-in layers' state pools and state indices); the warm-up's
+   plans checked bitwise against the wrapper;
+2. the recurrent launch of k3.6 and of k3.7 checked bitwise against the
+   wrapper at the mixed shapes (plans made by a first call);
+3. GPU and host time per layer call of each side at the bench's shapes
    (7 and 15 decodes + 1 x 1k, 31 decodes + 512, 1 x 4096), rotating
-   blocks; the after side's two calls apart too;
-3. the recurrent kernel's host cost: the wrapper, Triton's dispatcher, and
-   a direct launch of the same binary (the launcher kda_chunk_launch uses),
-   which is checked bitwise against the dispatcher's output;
-4. gpu_bench.py's step model (64 layers, KDA in 48, a calibrated GPU wait)
-   with the sides alternating step by step: per-round medians, the paired
-   statistic, the share of steps the GPU waited for the host.
+   blocks; the recurrent calls and the chunk slice apart too;
+4. the recurrent call's host cost: the wrapper, k3.6's and k3.7's launch,
+   Triton's dispatcher, and a direct launch of the same binary (checked
+   bitwise against the dispatcher's output);
+5. gpu_bench.py's step model (64 layers, KDA in 48, a calibrated GPU wait)
+   with k3.5 and k3.7 alternating step by step: per-round medians, the
+   paired statistic, the share of steps the GPU waited for the host.
 
     python3 benchmarks/gpu_peel.py      # needs .gpu/ (gpu_bundle.py)
 """
@@ -38,6 +47,7 @@ import random
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -57,11 +67,12 @@ from kda_harness import (  # noqa: E402
 from vllm.models.kimi_k3.amd.ops.third_party.kda import (  # noqa: E402
     fused_recurrent,
     kda_chunk_launch,
+    kda_chunk_launch_k36,
 )
 
 metadata = gkl.metadata
 ROUNDS = gb.ROUNDS
-BEFORE, AFTER = "k3.5", "k3.6"
+BEFORE, PREVIOUS, AFTER = "k3.5", "k3.6", "k3.7"
 SHAPES = {
     "7 decodes + 1 x 1k prefill": [1] * 7 + [1024],
     "15 decodes + 1 x 1k prefill": [1] * 15 + [1024],
@@ -138,13 +149,33 @@ class Batch:
         dev, _, (indices, offsets) = meta
         return gkl.call_args(self.prefill, dev, indices, offsets)
 
-    def recurrent(self, wrapper=False):
-        """The decodes' call as patch 0004 makes it (through the launch of
-        patch 0005, recurrent_kda_launched), or the wrapper itself."""
-        x, s = self.inputs, self.split
-        call = fused_recurrent.fused_recurrent_kda
-        if not wrapper:
-            call = functools.partial(kda_chunk_launch.recurrent_kda_launched, call)
+    def recurrent(self, version=AFTER):
+        """The decodes' call as patch 0004 makes it in ``version`` (its
+        recurrent launch), or the wrapper itself (``"wrapper"``)."""
+        x, s, d = self.inputs, self.split, self.decodes
+        wrapper = fused_recurrent.fused_recurrent_kda
+        if version == AFTER:
+            kda_chunk_launch.recurrent_kda_launched(
+                wrapper,
+                d,
+                s,
+                q=x["q"],
+                k=x["k"],
+                v=x["v"],
+                raw_g=x["raw_g"],
+                raw_beta=x["raw_beta"],
+                A_log=x["A_log"],
+                dt_bias=x["g_bias"],
+                lower_bound=x["lower_bound"],
+                initial_state=self.pool,
+                cu_seqlens=self.dev,
+                ssm_state_indices=self.slots,
+                out=self.out,
+            )
+            return
+        call = wrapper
+        if version == PREVIOUS:
+            call = functools.partial(kda_chunk_launch_k36.recurrent_kda_launched, call)
         call(
             q=x["q"][:, :s],
             k=x["k"][:, :s],
@@ -155,17 +186,17 @@ class Batch:
             dt_bias=x["g_bias"],
             lower_bound=x["lower_bound"],
             initial_state=self.pool,
-            cu_seqlens=self.dev[: self.decodes + 1],
-            ssm_state_indices=self.slots[: self.decodes],
+            cu_seqlens=self.dev[: d + 1],
+            ssm_state_indices=self.slots[:d],
             out=self.out[:, :s],
         )
 
     def layer_before(self, args):
         return gkl.launched(args)
 
-    def layer_after(self, args):
+    def layer_after(self, args, version=AFTER):
         if self.decodes:
-            self.recurrent()
+            self.recurrent(version)
         return gkl.launched(args)
 
 
@@ -174,10 +205,16 @@ class Batch:
 
 def compiles_after_warm_up(steps=3000) -> dict:
     """gpu_kda_launch.compiles_after_warm_up with each step peeled as patch
-    0004 peels it: the decodes through fused_recurrent_kda on a state pool,
-    the prefill slice (after the decodes, so its pointers move) through the
-    launched path with its device metadata; zero-length padding stays in the
-    slice. Chunk and recurrent compiles are counted apart."""
+    0004 peels it (one step in eight stands for a step with speculative
+    decodes: gathered, not peeled): the decodes through
+    recurrent_kda_launched (the whole batch's tensors, a state pool per
+    layer, a column of a block table as state indices), the prefill slice
+    (after the decodes, so its pointers move) through the launched path
+    with its device metadata; zero-length
+    padding stays in the slice. Before the steps, what the ROCm builder
+    does: the chunk warm-up (gkl.warm_up, run by the caller) and, at its
+    first build, warm_up_recurrent_kda for the layers' pools and the block
+    table. Chunk and recurrent compiles are counted apart."""
     from gpu_compiles import serving_mix
 
     rng = random.Random(11)
@@ -192,13 +229,15 @@ def compiles_after_warm_up(steps=3000) -> dict:
             "initial_state": base["initial_state"]
             .expand(gkl.MAX_SEQS, -1, -1, -1)
             .clone(),
+            # The state pool as vLLM binds it: a view into padded pages.
             "pool": torch.randn(
                 gkl.MAX_SEQS + 1,
+                2,
                 gkl.HEADS_PER_RANK,
                 gkl.HEAD_DIM,
                 gkl.HEAD_DIM,
                 device="cuda",
-            ),
+            )[:, 1],
             "out": torch.empty(
                 1,
                 padded_max,
@@ -208,12 +247,29 @@ def compiles_after_warm_up(steps=3000) -> dict:
                 device="cuda",
             ),
         }
-    slots = torch.arange(1, gkl.MAX_SEQS + 1, dtype=torch.int32, device="cuda")
+    # A block table of 4 blocks per request; the state block is column 0.
+    table = torch.zeros(gkl.MAX_SEQS, 4, dtype=torch.int32, device="cuda")
+    table[:, 0] = torch.arange(1, gkl.MAX_SEQS + 1, device="cuda")
+    slots = table[:, 0]
+    rec_start = recurrent_binaries()
+    warm = kda_chunk_launch.warm_up_recurrent_kda(
+        gkl.LAYERS, [buffers[x.prefix]["pool"] for x in gkl.LAYERS], slots
+    )
+    warm_up = {
+        "seconds": warm.seconds,
+        "layers": warm.layers,
+        "kinds": warm.kinds,
+        "plans": warm.plans,
+        "made": warm.made,
+        "binaries compiled": recurrent_binaries() - rec_start,
+    }
     before, vendored_before = gkl.binaries(), kda_chunk_launch.STATS["vendored_calls"]
     refused_before = kda_chunk_launch.STATS["plans_refused"]
+    rec_stats_before = dict(kda_chunk_launch.RECURRENT_STATS)
     rec_before = recurrent_binaries()
     rec_by_step = []
     host_us, kinds, mixed = [], set(), 0
+    checked = None
     for step, lens in enumerate(
         serving_mix(steps, gkl.MAX_SEQS, gkl.MAX_TOKENS, seed=3)
     ):
@@ -222,6 +278,10 @@ def compiles_after_warm_up(steps=3000) -> dict:
         layer = gkl.LAYERS[step % 2]
         b = buffers[layer.prefix]
         decodes = next((i for i, n in enumerate(lens) if n != 1), len(lens))
+        if step % 8 == 4:
+            # A step with speculative decodes: the layer gathers the other
+            # tokens (dense copies) and peels nothing (patch 0004).
+            decodes = 0
         total = sum(lens)
         padded = total + rng.randint(0, 15)
         beta = layer.split_projection(b["projected"][:padded])[3].unsqueeze(0)[
@@ -232,23 +292,27 @@ def compiles_after_warm_up(steps=3000) -> dict:
             index = torch.arange(total, device="cuda")
             beta, raw_g = beta.index_select(1, index), raw_g.index_select(1, index)
         dev, host = cu_seqlens(lens)
+        recurrent = {
+            "q": b["q"][:, :total],
+            "k": b["k"][:, :total],
+            "v": b["v"][:, :total],
+            "raw_g": raw_g,
+            "raw_beta": beta,
+            "A_log": layer.A_log,
+            "dt_bias": layer.dt_bias,
+            "lower_bound": layer.gate_lower_bound,
+            "initial_state": b["pool"],
+            "cu_seqlens": dev,
+            "ssm_state_indices": slots,
+            "out": b["out"],
+        }
+        if checked is None and decodes >= 4:
+            checked = recurrent_plan_bitwise(decodes, recurrent)
         start = time.perf_counter()
         if decodes:
             mixed += 1
             kda_chunk_launch.recurrent_kda_launched(
-                fused_recurrent.fused_recurrent_kda,
-                q=b["q"][:, :decodes],
-                k=b["k"][:, :decodes],
-                v=b["v"][:, :decodes],
-                raw_g=raw_g[:, :decodes],
-                raw_beta=beta[:, :decodes],
-                A_log=layer.A_log,
-                dt_bias=layer.dt_bias,
-                lower_bound=layer.gate_lower_bound,
-                initial_state=b["pool"],
-                cu_seqlens=dev[: decodes + 1],
-                ssm_state_indices=slots[:decodes],
-                out=b["out"][:, :decodes],
+                fused_recurrent.fused_recurrent_kda, decodes, decodes, **recurrent
             )
         pdev, phost = dev[decodes:] - dev[decodes], host[decodes:] - host[decodes]
         indices, offsets = metadata(pdev, phost)
@@ -277,6 +341,8 @@ def compiles_after_warm_up(steps=3000) -> dict:
         first_compiles.insert(0, 0)
     return {
         "steps": steps,
+        "recurrent warm-up (the builder's first build)": warm_up,
+        "warm-up plan bitwise equal to the wrapper (a mixed step)": checked,
         "mixed steps (decodes peeled)": mixed,
         "chunk kinds of call met": len(kinds),
         "chunk binaries compiled during the steps": gkl.binaries() - before,
@@ -287,9 +353,10 @@ def compiles_after_warm_up(steps=3000) -> dict:
         "chunk plans refused during the steps": kda_chunk_launch.STATS["plans_refused"]
         - refused_before,
         "recurrent binaries compiled during the steps": rec_by_step[-1],
-        "recurrent launches (patch 0005) after the steps": dict(
-            kda_chunk_launch.RECURRENT_STATS
-        ),
+        "recurrent launch STATS during the steps": {
+            k: v - rec_stats_before[k]
+            for k, v in kda_chunk_launch.RECURRENT_STATS.items()
+        },
         "steps at which the recurrent kernel compiled": first_compiles,
         "host us per step's layer call (recurrent + chunk): median / p99 / worst": [
             statistics.median(host_us),
@@ -299,23 +366,64 @@ def compiles_after_warm_up(steps=3000) -> dict:
     }
 
 
+def recurrent_plan_bitwise(decodes: int, call: dict) -> dict:
+    """One step's decodes through recurrent_kda_launched (the warm-up's plan)
+    and through the wrapper, from the same pool: outputs and pool bitwise."""
+    pool, out = call["initial_state"], call["out"]
+    start = pool.clone()
+    results = {}
+    for side in ("wrapper", "launched"):
+        pool.copy_(start)
+        out.fill_(float("nan"))
+        if side == "launched":
+            kda_chunk_launch.recurrent_kda_launched(
+                fused_recurrent.fused_recurrent_kda, decodes, decodes, **call
+            )
+        else:
+            n = decodes
+            fused_recurrent.fused_recurrent_kda(
+                **{
+                    name: value[:, :n]
+                    if name in ("q", "k", "v", "raw_g", "raw_beta", "out")
+                    else value
+                    for name, value in call.items()
+                    if name not in ("cu_seqlens", "ssm_state_indices")
+                },
+                cu_seqlens=call["cu_seqlens"][: n + 1],
+                ssm_state_indices=call["ssm_state_indices"][:n],
+            )
+        torch.cuda.synchronize()
+        results[side] = (out[:, :decodes].clone(), pool.clone())
+    pool.copy_(start)
+    return {
+        "decodes": decodes,
+        "bitwise": all(
+            torch.equal(x, y)
+            for x, y in zip(results["wrapper"], results["launched"], strict=True)
+        ),
+        "stats": dict(kda_chunk_launch.RECURRENT_STATS),
+    }
+
+
 # ------------------------------------------------------- per-call rounds
 
 
 def per_call_rounds(lens, calls=20, rounds=2 * ROUNDS) -> dict:
     """GPU and host time per layer call, sides rotating (gpu_kda_launch.
-    variant_rounds' method): before, after, and the after side's recurrent
-    and chunk-slice calls alone."""
+    variant_rounds' method): k3.5, k3.6, k3.7, and the peeled sides'
+    recurrent calls and chunk-slice call alone."""
     b = Batch(lens, seed=2)
     mb, ma = b.metadata_before(), b.metadata_after()
     ab, aa = b.before_args(mb), b.after_args(ma)
     sides = {
         BEFORE: lambda: b.layer_before(ab),
-        AFTER: lambda: b.layer_after(aa),
+        PREVIOUS: lambda: b.layer_after(aa, PREVIOUS),
+        AFTER: lambda: b.layer_after(aa, AFTER),
     }
     if b.decodes:
-        sides[f"{AFTER}: recurrent alone"] = b.recurrent
-        sides[f"{AFTER}: chunk slice alone"] = lambda: gkl.launched(aa)
+        sides[f"{PREVIOUS}: recurrent alone"] = functools.partial(b.recurrent, PREVIOUS)
+        sides[f"{AFTER}: recurrent alone"] = functools.partial(b.recurrent, AFTER)
+        sides["chunk slice alone"] = lambda: gkl.launched(aa)
     for call in sides.values():
         call(), call()
     ahead = gb.sleep_cycles_for(30.0)
@@ -339,10 +447,11 @@ def per_call_rounds(lens, calls=20, rounds=2 * ROUNDS) -> dict:
             if r:
                 gpu_us[name].append(start.elapsed_time(end) * 1e3 / calls)
                 host_us[name].append(host * 1e6)
-    paired_gpu = [a - b_ for a, b_ in zip(gpu_us[AFTER], gpu_us[BEFORE], strict=True)]
-    paired_host = [
-        a - b_ for a, b_ in zip(host_us[AFTER], host_us[BEFORE], strict=True)
-    ]
+
+    def paired(samples, side, base):
+        diffs = [a - c for a, c in zip(samples[side], samples[base], strict=True)]
+        return [statistics.median(diffs), min(diffs), max(diffs)]
+
     return {
         "gpu us per call": {n: statistics.median(v) for n, v in gpu_us.items()},
         "host us per call, queue empty": {
@@ -350,16 +459,13 @@ def per_call_rounds(lens, calls=20, rounds=2 * ROUNDS) -> dict:
         },
         "gpu us per round": gpu_us,
         "host us per round": host_us,
-        f"paired gpu us ({AFTER} - {BEFORE}), median / min / max": [
-            statistics.median(paired_gpu),
-            min(paired_gpu),
-            max(paired_gpu),
-        ],
-        f"paired host us ({AFTER} - {BEFORE}), median / min / max": [
-            statistics.median(paired_host),
-            min(paired_host),
-            max(paired_host),
-        ],
+        **{
+            f"paired {kind} us ({AFTER} - {base}), median / min / max": paired(
+                samples, AFTER, base
+            )
+            for kind, samples in (("gpu", gpu_us), ("host", host_us))
+            for base in (PREVIOUS, BEFORE)
+        },
     }
 
 
@@ -367,33 +473,33 @@ def per_call_rounds(lens, calls=20, rounds=2 * ROUNDS) -> dict:
 
 
 def recurrent_launch_bitwise() -> dict:
-    """Per mixed shape: outputs and state pool of patch 0005's launch of the
-    recurrent kernel (its plan made by a first call) against the wrapper's,
-    from the same pool, bitwise."""
+    """Per mixed shape and revision (k3.6, k3.7): outputs and state pool of
+    patch 0005's launch of the recurrent kernel (its plan made by a first
+    call) against the wrapper's, from the same pool, bitwise."""
     result = {}
     for name, lens in SHAPES.items():
         if lens[0] != 1:
             continue
         b = Batch(lens, seed=5)
         start = b.pool.clone()
-        b.recurrent()  # the first call of the kind: the wrapper, then a plan
-        made = dict(kda_chunk_launch.RECURRENT_STATS)
-        outs = {}
-        for side in ("wrapper", "launched"):
-            b.pool.copy_(start)
-            b.out.fill_(float("nan"))
-            b.recurrent(wrapper=side == "wrapper")
-            torch.cuda.synchronize()
-            s = b.split
-            outs[side] = (b.out[:, :s].clone(), b.pool.clone())
-        result[name] = {
-            "bitwise": all(
+        row = {}
+        for version in (PREVIOUS, AFTER):
+            b.recurrent(version)  # a kind's first call: the wrapper, a plan
+            outs = {}
+            for side in ("wrapper", version):
+                b.pool.copy_(start)
+                b.out.fill_(float("nan"))
+                b.recurrent(side)
+                torch.cuda.synchronize()
+                s = b.split
+                outs[side] = (b.out[:, :s].clone(), b.pool.clone())
+            row[version] = all(
                 torch.equal(x, y)
-                for x, y in zip(outs["wrapper"], outs["launched"], strict=True)
-            ),
-            "stats after the first call": made,
-            "stats after": dict(kda_chunk_launch.RECURRENT_STATS),
-        }
+                for x, y in zip(outs["wrapper"], outs[version], strict=True)
+            )
+        row["stats after (k3.6)"] = dict(kda_chunk_launch_k36.RECURRENT_STATS)
+        row["stats after (k3.7)"] = dict(kda_chunk_launch.RECURRENT_STATS)
+        result[name] = row
     return result
 
 
@@ -407,7 +513,8 @@ def recurrent_host_cost(lens, reps=400) -> dict:
     specialization key or cache lookup); the direct launch's output and
     states checked bitwise against the dispatcher's."""
     b = Batch(lens, seed=3)
-    b.recurrent()
+    b.recurrent(PREVIOUS)
+    b.recurrent(AFTER)
     torch.cuda.synchronize()
     x, s, d = b.inputs, b.split, b.decodes
     q, k, v = x["q"][:, :s], x["k"][:, :s], x["v"][:, :s]
@@ -477,7 +584,7 @@ def recurrent_host_cost(lens, reps=400) -> dict:
 
     pool0 = b.pool.clone()
     b.pool.copy_(pool0)
-    b.recurrent()
+    b.recurrent("wrapper")
     out_ref, pool_ref = b.out[:, :s].clone(), b.pool.clone()
     b.pool.copy_(pool0)
     b.out.fill_(float("nan"))
@@ -487,8 +594,9 @@ def recurrent_host_cost(lens, reps=400) -> dict:
         torch.equal(b.pool, pool_ref)
     )
     parts = {
-        "wrapper fused_recurrent_kda": functools.partial(b.recurrent, True),
-        "recurrent_kda_launched (patch 0005)": b.recurrent,
+        "wrapper fused_recurrent_kda": functools.partial(b.recurrent, "wrapper"),
+        "k3.6 recurrent_kda_launched": functools.partial(b.recurrent, PREVIOUS),
+        "k3.7 recurrent_kda_launched": functools.partial(b.recurrent, AFTER),
         "kernel[grid](...)": dispatcher,
         "direct launch": launch_direct,
     }
@@ -666,36 +774,37 @@ def main():
             json.dumps(report, indent=1, default=str)
         )
         return
-    report["recurrent_launch_bitwise"] = recurrent_launch_bitwise()
-    bitwise = report["recurrent_launch_bitwise"]
-    print("recurrent bitwise", json.dumps(bitwise), flush=True)
-    report["warm_up"] = gkl.warm_up()
-    print("warm-up", json.dumps(report["warm_up"])[:300], flush=True)
-    report["compiles_after_warm_up"] = compiles_after_warm_up()
-    print("compiles", json.dumps(report["compiles_after_warm_up"]), flush=True)
-    save()
-    report["per_call"] = {}
-    for name, lens in SHAPES.items():
-        row = per_call_rounds(lens)
-        report["per_call"][name] = row
-        print(
-            name,
-            json.dumps({k: v for k, v in row.items() if "round" not in k}),
-            flush=True,
-        )
+
+    def part(name, run):
+        """One part of the report; a part that fails is reported as such
+        and the others still run."""
+        try:
+            report[name] = run()
+        except Exception:
+            report[name] = "failed: " + traceback.format_exc()
+        print(name, json.dumps(report[name], default=str)[:2000], flush=True)
         save()
-    try:
-        report["recurrent_host_cost"] = {
+
+    # The builder's warm-ups first: no other call has planned anything yet.
+    part("warm_up", gkl.warm_up)
+    part("compiles_after_warm_up", compiles_after_warm_up)
+    part("recurrent_launch_bitwise", recurrent_launch_bitwise)
+    for name, lens in SHAPES.items():
+        part(f"per_call: {name}", functools.partial(per_call_rounds, lens))
+    part(
+        "recurrent_host_cost",
+        lambda: {
             name: recurrent_host_cost(lens)
             for name, lens in SHAPES.items()
             if lens[0] == 1
-        }
-    except Exception as error:
-        report["recurrent_host_cost"] = f"failed: {error!r}"
-    print("recurrent", json.dumps(report["recurrent_host_cost"]), flush=True)
-    save()
-    report["step_model"] = step_model()
+        },
+    )
+    part("step_model", step_model)
     report["launch STATS"] = dict(kda_chunk_launch.STATS)
+    report["recurrent launch STATS (k3.7 / k3.6)"] = [
+        dict(kda_chunk_launch.RECURRENT_STATS),
+        dict(kda_chunk_launch_k36.RECURRENT_STATS),
+    ]
     save()
 
 

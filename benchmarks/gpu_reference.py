@@ -6,13 +6,16 @@ on the lent GPU, issue 28 item 2 (H200 part), in one process:
    padding at the back; prefills with and without initial states; bf16
    inputs, fp32 state pool; lower bound -5.0; 8 heads of 128), the caching
    allocator poisoned with NaN bytes before every batch, through
-   - "fixed, vendored": series k3.6's layer order: the decodes through
-     fused_recurrent_kda on the pool with their state indices (outputs into
-     their rows, ``out=``), the prefill slice (prefill_query_start_loc)
-     through vLLM 0.27.1's chunk_kda_with_fused_gate (Triton's dispatcher);
-   - "fixed, launched": the same, the slice through the precompiled launches
-     (kda_chunk_launch.chunk_kda_launched) with the series' device metadata
-     (prepare_chunk_metadata_device) for the slice;
+   - "fixed, vendored": the series' layer order (k3.6 on): the decodes
+     through fused_recurrent_kda on the pool with their state indices
+     (outputs into their rows, ``out=``), the prefill slice
+     (prefill_query_start_loc) through vLLM 0.27.1's
+     chunk_kda_with_fused_gate (Triton's dispatcher);
+   - "fixed, launched": the same as the series' layer runs it: the decodes
+     through kda_chunk_launch.recurrent_kda_launched (handed the whole
+     batch's tensors, as patch 0004 hands them), the slice through the
+     precompiled launches (chunk_kda_launched) with the series' device
+     metadata (prepare_chunk_metadata_device) for the slice;
    - "unfixed 0.27.1": the whole non-spec batch, decodes as 1-token
      sequences, through chunk KDA, the kernel building its own metadata;
    - "unfixed k3.5": the same through the launched path with the k3.5
@@ -24,13 +27,17 @@ on the lent GPU, issue 28 item 2 (H200 part), in one process:
    forced to num_warps=4, num_stages=4 (the configuration #50649 calls racy
    on gfx950), against the reference.
 
-The reference's token loop runs all sequences of a batch in lockstep on the
-GPU in float64 through kda_reference's own pieces (l2norm, kda_gate,
-kda_step); it is checked against kda_reference.mixed_batch_reference itself
-on the first small batches.
+The reference (reference_chunked.batch_reference) steps all sequences of a
+batch through their 64-token chunks at once on the GPU in float64, from
+kda_reference's own pieces (l2norm, kda_gate, kda_step) and the closed form
+of a chunk; it is checked against kda_reference.mixed_batch_reference (the
+token loop) on the first small batches and against the token loop run in
+lockstep on the GPU (token_lockstep_reference, the k3.6 harness's
+reference) on the first batches of up to 1,500 tokens.
 
     python3 benchmarks/gpu_reference.py     # needs .gpu/ (gpu_bundle.py)
     K3_REF_SECONDS=200   # time box of part 1 (default 200)
+    K3_REF_BATCHES=3200  # and its most batches (default: no limit)
 """
 
 import itertools
@@ -48,6 +55,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from kda_harness import HEAD_DIM, HEADS_PER_RANK, load_tree  # noqa: E402
+from reference_chunked import batch_reference  # noqa: E402
 
 kda_ops = load_tree("patched")
 
@@ -157,7 +165,19 @@ def make_inputs(seed: int, decodes: int, lens: list[int], has_init: list[bool]):
 # ----------------------------------------------------------- reference
 
 
-def lockstep_reference(x) -> dict:
+def chunked_reference(x) -> dict:
+    """mixed_batch_reference's results (o [1, T, H, V] and the pool after
+    the step, float64), the peak (largest state row norm and |v|) and the
+    longest prefill, chunk by chunk (reference_chunked.batch_reference)."""
+    cu = x["cu_cpu"].tolist()
+    return batch_reference(
+        x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"], x["A_log"],
+        x["dt_bias"], LOWER_BOUND, x["pool"], x["slots"], x["has_init"],
+        [b - a for a, b in itertools.pairwise(cu)], x["decodes"],
+    )  # fmt: skip
+
+
+def token_lockstep_reference(x) -> dict:
     """mixed_batch_reference's results (o [1, T, H, V] and the pool after
     the step, float64) with every sequence of the batch stepped in lockstep
     through kda_reference.kda_step; also the peak (largest state row norm
@@ -259,6 +279,17 @@ def cross_check(x, lock) -> float:
     )
 
 
+def token_check(x, lock) -> list[float]:
+    """The chunked reference against the token loop in lockstep: largest
+    |difference| of outputs and of the pool, relative difference of peaks."""
+    tokens = token_lockstep_reference(x)
+    return [
+        float((tokens["out"] - lock["out"]).abs().max()),
+        float((tokens["pool"] - lock["pool"]).abs().max()),
+        abs(tokens["peak"] - lock["peak"]) / max(tokens["peak"], 1e-300),
+    ]
+
+
 # ---------------------------------------------------------------- paths
 
 
@@ -302,7 +333,25 @@ def fixed(x, launched: bool):
     total = int(cu_cpu[-1])
     out = torch.empty(1, total, H, K, dtype=torch.bfloat16, device=DEV)
     split = int(cu_cpu[d])
-    if d:
+    if d and launched:  # as patch 0004 calls it: the whole batch's tensors
+        kda_chunk_launch.recurrent_kda_launched(
+            fused_recurrent.fused_recurrent_kda,
+            d,
+            split,
+            q=x["q"],
+            k=x["k"],
+            v=x["v"],
+            raw_g=x["raw_g"],
+            raw_beta=x["raw_beta"],
+            A_log=x["A_log"],
+            dt_bias=x["dt_bias"],
+            lower_bound=LOWER_BOUND,
+            initial_state=pool,
+            cu_seqlens=cu,
+            ssm_state_indices=x["slots"],
+            out=out,
+        )
+    elif d:
         fused_recurrent.fused_recurrent_kda(
             q=x["q"][:, :split],
             k=x["k"][:, :split],
@@ -442,17 +491,21 @@ def summarize(records: list[dict]) -> dict:
 
 def random_batches(seconds: float) -> dict:
     rng = random.Random(28)
-    records, cross = [], []
+    records, cross, tokenwise = [], [], []
     stats_before = dict(kda_chunk_launch.STATS)
+    recurrent_before = dict(kda_chunk_launch.RECURRENT_STATS)
     deadline = time.perf_counter() + seconds
     seed = 0
-    while time.perf_counter() < deadline:
+    limit = int(os.environ.get("K3_REF_BATCHES", 10**9))
+    while time.perf_counter() < deadline and seed < limit:
         seed += 1
         decodes, lens, has_init = random_batch(rng)
         x = make_inputs(seed, decodes, lens, has_init)
-        lock = lockstep_reference(x)
+        lock = chunked_reference(x)
         if len(cross) < 8 and sum(lens) + decodes <= 400:
             cross.append(cross_check(x, lock))
+        if len(tokenwise) < 6 and sum(lens) + decodes <= 1500:
+            tokenwise.append(token_check(x, lock))
         paths = {}
         for name, run in PATHS.items():
             fresh = {n: (t.clone() if torch.is_tensor(t) else t) for n, t in x.items()}
@@ -499,6 +552,11 @@ def random_batches(seconds: float) -> dict:
             cross, default=None
         ),
         "cross-checked batches": len(cross),
+        "chunked vs token lockstep (max |diff| out/pool, peak rel. diff)": tokenwise,
+        "recurrent launch STATS during the batches": {
+            k: v - recurrent_before[k]
+            for k, v in kda_chunk_launch.RECURRENT_STATS.items()
+        },
         "launch STATS during the batches": stats,
         "summary": summarize(records),
         "failing (first 20)": failing[:20],
@@ -525,7 +583,7 @@ def forced_stages4(batches: int = 12) -> dict:
                 lens = [cut, MAX_TOKENS - decodes - cut]
             has_init = [bool(i % 2)] * len(lens)
             x = make_inputs(10_000 + i, decodes, lens, has_init)
-            lock = lockstep_reference(x)
+            lock = chunked_reference(x)
             poison()
             out, pool = unfixed(x, False)  # x used once: chunk KDA may write its inputs
             r = judge("unfixed 0.27.1", x, lock, out, pool)

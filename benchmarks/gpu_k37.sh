@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 28 item 5 on the lent GPU (series k3.7), from the repository root with
+# .gpu/ carried (gpu_bundle.py); results under $OUT (default /tmp/k3-gpu):
+#
+#     bash benchmarks/gpu_k37.sh peel        # call 1: gpu_peel.py alone (host
+#                                            # timings want a quiet machine)
+#     bash benchmarks/gpu_k37.sh reference   # call 2: gpu_reference.py, with the
+#                                            # smoke check's cold compile beside
+#                                            # it, then its warm-cache timings
+set -uo pipefail
+export OUT=${OUT:-/tmp/k3-gpu} PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+exec > >(tee "$OUT/log.txt") 2>&1
+cd benchmarks || exit 2
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader
+nproc
+status=0
+start=$SECONDS
+case ${1:-} in
+peel)
+  python3 gpu_peel.py || { echo "!! peel exited $?"; status=1; }
+  echo "== peel: $((SECONDS - start)) s"
+  ;;
+reference)
+  # The smoke check's own Triton cache, empty: its first run is a cold start.
+  smoke_cache=$(mktemp -d)
+  TRITON_CACHE_DIR=$smoke_cache python3 gpu_smoke_time.py cold &
+  cold=$!
+  python3 gpu_reference.py || { echo "!! reference exited $?"; status=1; }
+  echo "== reference: $((SECONDS - start)) s"
+  wait "$cold" || { echo "!! smoke cold exited $?"; status=1; }
+  for mode in warm-uncached "warm 1" "warm 2"; do
+    # shellcheck disable=SC2086  # "warm 1": mode and label
+    TRITON_CACHE_DIR=$smoke_cache python3 gpu_smoke_time.py $mode ||
+      { echo "!! smoke $mode exited $?"; status=1; }
+  done
+  echo "== all: $((SECONDS - start)) s"
+  ;;
+*)
+  echo "usage: gpu_k37.sh peel|reference" >&2
+  exit 2
+  ;;
+esac
+exit $status
