@@ -353,17 +353,11 @@ def test_a_digest_the_registry_lacks_is_refused_with_the_engines_message(project
 
 
 def test_readmes_process_listing_works_in_a_compose_container(project):
-    """README's troubleshooting command, in a shell compose opened: the
+    """README's troubleshooting command (`k3rocm ctl status`, the console
+    script on the image's PATH), in a shell compose opened: the
     configuration's variables are filled in for supervisorctl."""
     listing = docker(
-        "exec",
-        project["server"],
-        "python3",
-        "-m",
-        "k3rocm.container.supervise",
-        "ctl",
-        "status",
-        check=False,
+        "exec", project["server"], "k3rocm", "ctl", "status", check=False
     ).stdout
     for program in ("guard", "status", "vllm", "watchdog"):
         assert re.search(rf"^{program}\s+RUNNING", listing, re.M), listing
@@ -529,8 +523,8 @@ def record_stall_timings(
     lines = docker("logs", "--timestamps", server, check=False)
     text = lines.stdout + lines.stderr
     marks = {
-        "stall_logged": "k3rocm.supervise: the engine stalled: no engine step",
-        "stacks_kept": "k3rocm.supervise: stacks kept in",
+        "stall_logged": "k3rocm.container.watchdog: the engine stalled: no engine step",
+        "stacks_kept": "k3rocm.container.watchdog: stacks kept in",
         "exited_5": "(exit 5)",
     }
     timings = {"stopped": stopped}

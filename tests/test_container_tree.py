@@ -24,7 +24,7 @@ from bodiless import answer_of, headers_only
 from container_tree import session_processes, start_container_tree, stop_container_tree
 from mounts import full
 
-from k3rocm.container.guard import EXIT_SMOKE, EXIT_VLLM
+from k3rocm.common.exit_codes import ExitCode
 
 # A cold vLLM CPU server takes ~50 s here; the smoke test's stage 1 ~25 s.
 SERVER_START = 240
@@ -154,12 +154,12 @@ def test_warn_policy_serves_with_failed_smoke_and_vllm_killed_once_restarts(
 
 def test_missing_patch_marker_under_stop_exits_before_vllm_starts(container):
     tree = container(patched=False)
-    assert tree.wait_exit(180) == EXIT_SMOKE
+    assert tree.wait_exit(180) == ExitCode.SMOKE
     report = tree.report
     assert report["verdict"] == "fail" and report["policy"] == "stop"
     assert "stage2" not in report["stages"]
     assert "stopping the container: smoke test failed" in tree.log
-    assert f"(exit {EXIT_SMOKE})" in tree.log
+    assert f"(exit {ExitCode.SMOKE})" in tree.log
     # The reason is in the log: the failed check, its detail, how to clear it.
     assert "failed under K3_SMOKE_ON_FAILURE=stop: stage1 patch marker" in tree.log
     assert 'k3rocm.smoke: stage1: check "patch marker" failed: ' in tree.log
@@ -181,7 +181,7 @@ def test_a_report_that_cannot_be_kept_on_a_full_volume_is_named_so(container, tm
     with full(tmp_path / "cache") as cache:
         forensics = cache / "forensics"
         tree = container(patched=False, K3_FORENSICS_DIR=str(forensics))
-        assert tree.wait_exit(180) == EXIT_SMOKE
+        assert tree.wait_exit(180) == ExitCode.SMOKE
         assert list(forensics.iterdir()) == []  # no partial copy left behind
     report = tree.run_dir / "smoke-report.json"
     not_kept = (
@@ -214,7 +214,7 @@ def test_vllm_dying_repeatedly_exits_3(container):
         time.sleep(2)  # past startsecs: supervisord counts it as running
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
-    assert tree.wait_exit(60) == EXIT_VLLM
+    assert tree.wait_exit(60) == ExitCode.VLLM
     assert "vLLM exited unasked; restart 2 of 2" in tree.log
     assert "stopping the container: vLLM died 3 times" in tree.log
     assert session_processes(tree.process.pid) == []
@@ -224,7 +224,7 @@ def test_vllm_failing_at_start_is_fatal_and_exits_3(container):
     """A vLLM that dies at once on every try (a command that exits 1):
     supervisord gives up (FATAL) and so does the container."""
     tree = container(K3_VLLM_COMMAND="/bin/false", K3_VLLM_MAX_RESTARTS="1")
-    assert tree.wait_exit(120) == EXIT_VLLM
+    assert tree.wait_exit(120) == ExitCode.VLLM
     # Within K3_VLLM_START_SECONDS supervisord gives up (FATAL); a first try
     # that waited longer for smoke stage 1 counts as a running vLLM dying,
     # counted by the guard. Exit 3 either way.

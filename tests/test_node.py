@@ -11,7 +11,8 @@ import subprocess
 
 import pytest
 
-from k3rocm.container.guard import EXIT_VLLM, LOST_NODE0_SECONDS, Guard
+from k3rocm.common.exit_codes import ExitCode
+from k3rocm.container.guard import LOST_NODE0_SECONDS, Guard
 from k3rocm.container.health import check_headless
 from k3rocm.container.node import connected_to, headless_node, node_from_env
 from k3rocm.contract import DRAIN_MARK, READY_MARK, VLLM_GROUP_FILE
@@ -125,7 +126,7 @@ def test_a_multi_node_death_stops_the_container_at_once(tmp_path):
     assert single.judge(exited, "vllm", expected=False) is None
     multi = Guard(3, tmp_path / "multi-deaths", node_from_env(NODE1))
     code, reason = multi.judge(exited, "vllm", expected=True)
-    assert code == EXIT_VLLM
+    assert code == ExitCode.VLLM
     assert reason.startswith("vLLM exited on node 1 of a multi-node deployment (tep16)")
     # A failed start is supervisord's to retry, on every layout.
     assert multi.judge(exited, "vllm", False, from_state="STARTING") is None
@@ -143,7 +144,7 @@ def test_a_headless_node_that_lost_node_0_stops(tmp_path):
     assert guard.tick(2.0) is None  # gone, but not for long
     assert guard.tick(2.0 + LOST_NODE0_SECONDS - 1) is None
     code, reason = guard.tick(2.0 + LOST_NODE0_SECONDS)
-    assert code == EXIT_VLLM
+    assert code == ExitCode.VLLM
     assert reason.startswith(
         f"headless node 1 lost its connection to node 0 at 127.0.0.1:{port}"
     )

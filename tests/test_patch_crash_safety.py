@@ -194,7 +194,10 @@ def test_concurrent_applies_patch_once_and_never_corrupt_the_tree(tree):
         )
         assert said == ["already", "applied"], outputs
         lock = tree.root / LOCK
-        waiting = f"k3rocm.patchset: waiting for another run on this tree ({lock})\n"
+        waiting = (
+            "k3rocm.patchtool.patchset: waiting for another run on this tree "
+            f"({lock})\n"
+        )
         for _, err, _ in outputs:
             assert err in ("", waiting), err
         assert tree.verdict() == "patched", f"pair {pair}"

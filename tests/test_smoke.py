@@ -11,7 +11,8 @@ import pytest
 from vllm_trees import SERIES, copy_tree, installed_root, patched_tree
 
 from k3rocm.chunk_reference import CHUNK_SIZE
-from k3rocm.container.guard import EXIT_SMOKE, EXIT_USAGE, EXIT_VLLM, Guard
+from k3rocm.common.exit_codes import ExitCode
+from k3rocm.container.guard import Guard
 from k3rocm.smoke.kernel_checks import KERNEL_BATTERY, compare_with_reference
 from k3rocm.smoke.settings import Settings
 from k3rocm.smoke.stage1 import check_patch_marker, run_stage1
@@ -200,12 +201,14 @@ def test_guard_bounds_vllm_restarts_and_stops_on_a_failed_smoke(tmp_path, monkey
     exited = "PROCESS_STATE_EXITED"
     assert guard.judge(exited, "vllm", expected=False) is None
     assert guard.judge(exited, "vllm", expected=False) is None
-    assert guard.judge(exited, "vllm", expected=False)[0] == EXIT_VLLM
+    assert guard.judge(exited, "vllm", expected=False)[0] == ExitCode.VLLM
     fresh = tmp_path / "fresh"
-    assert Guard(2, fresh).judge("PROCESS_STATE_FATAL", "vllm", False)[0] == EXIT_VLLM
+    assert (
+        Guard(2, fresh).judge("PROCESS_STATE_FATAL", "vllm", False)[0] == ExitCode.VLLM
+    )
     assert Guard(2, fresh).judge(exited, "smoke", expected=True) is None
     code, reason = Guard(2, fresh).judge(exited, "smoke", expected=False)
-    assert code == EXIT_SMOKE
+    assert code == ExitCode.SMOKE
     assert (
         "K3_SMOKE_ON_FAILURE=stop: stage1 device kernel (report kept in "
         "/cache/forensics/smoke-report-1.json); "
@@ -217,7 +220,9 @@ def test_guard_counts_a_vllm_exit_with_status_0(tmp_path):
     a death nobody asked for (a requested stop ends in STOPPED)."""
     guard = Guard(max_restarts=1, deaths_file=tmp_path / "vllm-deaths")
     assert guard.judge("PROCESS_STATE_EXITED", "vllm", expected=True) is None
-    assert guard.judge("PROCESS_STATE_EXITED", "vllm", expected=True)[0] == EXIT_VLLM
+    assert (
+        guard.judge("PROCESS_STATE_EXITED", "vllm", expected=True)[0] == ExitCode.VLLM
+    )
 
 
 def test_a_vllm_failing_while_starting_is_left_to_supervisords_retries(tmp_path):
@@ -233,7 +238,7 @@ def test_a_restarted_guard_keeps_the_death_count(tmp_path):
     )
     restarted = Guard(max_restarts=1, deaths_file=deaths)
     assert restarted.vllm_deaths == 1
-    assert restarted.judge("PROCESS_STATE_EXITED", "vllm", False)[0] == EXIT_VLLM
+    assert restarted.judge("PROCESS_STATE_EXITED", "vllm", False)[0] == ExitCode.VLLM
 
 
 def test_a_smoke_that_could_not_run_is_named_so(tmp_path, monkeypatch):
@@ -241,5 +246,5 @@ def test_a_smoke_that_could_not_run_is_named_so(tmp_path, monkeypatch):
     code, reason = Guard(1, tmp_path / "d").judge(
         "PROCESS_STATE_EXITED", "smoke", False
     )
-    assert code == EXIT_USAGE
+    assert code == ExitCode.SETTINGS
     assert "could not run" in reason and "K3_SMOKE_ON_FAILURE=stop" not in reason

@@ -178,7 +178,7 @@ def test_an_address_it_cannot_listen_on_is_one_line_and_exit_2(host):
     )
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.splitlines()
-    assert line.startswith(f"k3rocm.status: cannot listen on {host}:"), line
+    assert line.startswith(f"k3rocm.container.status: cannot listen on {host}:"), line
     assert "set K3_STATUS_HOST to an address of this node" in line
 
 
@@ -192,7 +192,7 @@ def test_a_bad_setting_is_refused_in_one_line(name):
         timeout=30,
     )
     assert result.returncode == 2
-    assert result.stderr.startswith(f"k3rocm.status: {name} is 'abc'")
+    assert result.stderr.startswith(f"k3rocm.container.status: {name} is 'abc'")
 
 
 def test_every_container_metric_the_rules_and_dashboard_use_is_served(status):

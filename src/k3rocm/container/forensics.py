@@ -262,17 +262,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     binary = py_spy()
     if binary is None:
-        print("k3rocm.forensics: py-spy is not installed", file=sys.stderr)
+        print("k3rocm.container.forensics: py-spy is not installed", file=sys.stderr)
         return 1
     try:
         grant_ptrace(Path(binary))
     except OSError as err:
         print(
-            f"k3rocm.forensics: cannot set the capability on {binary}: {err}",
+            f"k3rocm.container.forensics: cannot set the capability on {binary}: {err}",
             file=sys.stderr,
         )
         return 1
-    print(f"k3rocm.forensics: {binary} has CAP_SYS_PTRACE (file capability)")
+    print(f"k3rocm.container.forensics: {binary} has CAP_SYS_PTRACE (file capability)")
     return 0
 
 

@@ -2,15 +2,15 @@
 (``python -m k3rocm.container.supervise listen``), which decides from each process
 event whether the container must stop, and with which exit code.
 
-Exit codes (``k3rocm.container.supervise run`` exits with them): 2 the smoke test
-could not run (its settings or environment; a start after the fix loads
-again); 3 vLLM could not be
-kept running (fatal at start; more than ``K3_VLLM_MAX_RESTARTS`` deaths;
-any death on a node of a multi-node job, which cannot rejoin alone; or, on
-a headless node, node 0 gone for ``LOST_NODE0_SECONDS``, which vLLM there
-would wait for forever); 4 the smoke test failed under
-``K3_SMOKE_ON_FAILURE=stop``; 5 the engine stalled (k3rocm.container.watchdog, which
-stops the container through ``stop_container`` too).
+The exit codes are k3rocm.common.exit_codes.ExitCode (``k3rocm.container.supervise
+run`` exits with them): SETTINGS when the smoke test could not run (its
+settings or environment; a start after the fix loads again), VLLM when vLLM
+could not be kept running (fatal at start; more than ``K3_VLLM_MAX_RESTARTS``
+deaths; any death on a node of a multi-node job, which cannot rejoin alone;
+or, on a headless node, node 0 gone for ``LOST_NODE0_SECONDS``, which vLLM
+there would wait for forever), SMOKE when the smoke test failed under
+``K3_SMOKE_ON_FAILURE=stop``; the watchdog (k3rocm.container.watchdog) stops
+the container with STALL through ``stop_container`` too.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from k3rocm.common.exit_codes import ExitCode
 from k3rocm.container.forensics import capture, forensics_dir
 from k3rocm.container.node import Node, connected_to, node_from_env
 from k3rocm.contract import (
@@ -36,16 +38,22 @@ from k3rocm.contract import (
 from k3rocm.json_file import UnreadableJson, read_json_file
 from k3rocm.setting_table import VLLM_MAX_RESTARTS
 
-EXIT_USAGE, EXIT_VLLM, EXIT_SMOKE, EXIT_STALL = 2, 3, 4, 5
 # A headless node whose connection to node 0 stays gone this long after it
 # joined has lost the job: its vLLM would wait for node 0 forever.
 LOST_NODE0_SECONDS = 15
 
 
-def log(message: str) -> None:
-    """One line on stderr, prefixed as every message of the supervisor tree
-    (the guard and the supervisor main process) is."""
-    print(f"k3rocm.supervise: {message}", file=sys.stderr, flush=True)
+def line_logger(module: str) -> Callable[[str], None]:
+    """A log of one line on stderr per message, prefixed with the module
+    that logs it (as the module's path, for grep)."""
+
+    def log(message: str) -> None:
+        print(f"{module}: {message}", file=sys.stderr, flush=True)
+
+    return log
+
+
+log = line_logger("k3rocm.container.guard")
 
 
 def smoke_failure(report: Path) -> str:
@@ -100,7 +108,7 @@ class Guard:
     ) -> tuple[int, str] | None:
         """(exit code, reason) when the container must stop, else None."""
         if process == "vllm" and event == "PROCESS_STATE_FATAL":
-            return EXIT_VLLM, (
+            return ExitCode.VLLM, (
                 "vLLM failed to start (died within K3_VLLM_START_SECONDS "
                 f"{self.max_restarts + 1} times in a row)"
             )
@@ -115,7 +123,7 @@ class Guard:
         ):
             deaths = self._count_death()
             if self.multi_node is not None:
-                return EXIT_VLLM, (
+                return ExitCode.VLLM, (
                     f"vLLM exited on node {self.multi_node.rank} of a multi-node "
                     f"deployment ({self.multi_node.profile}); one node cannot "
                     "rejoin a running job alone, so every node stops and must "
@@ -123,7 +131,7 @@ class Guard:
                     "first failure)"
                 )
             if deaths > self.max_restarts:
-                return EXIT_VLLM, (
+                return ExitCode.VLLM, (
                     f"vLLM died {deaths} times; K3_VLLM_MAX_RESTARTS="
                     f"{self.max_restarts} restarts allowed"
                 )
@@ -139,12 +147,12 @@ class Guard:
             if not report.is_file():
                 # It stopped before its first check: its settings or its
                 # environment (said in its own log line), not the path.
-                return EXIT_USAGE, (
+                return ExitCode.SETTINGS, (
                     "the smoke test could not run (no report at "
                     f"{report}; its error is logged above); fix it and start "
                     "the container again"
                 )
-            return EXIT_SMOKE, (
+            return ExitCode.SMOKE, (
                 "smoke test failed under K3_SMOKE_ON_FAILURE=stop: "
                 f"{smoke_failure(report)}; "
                 "this container will not load the model again: fix the cause, "
@@ -171,7 +179,7 @@ class Guard:
             self.lost_since = now
         if now - self.lost_since < LOST_NODE0_SECONDS:
             return None
-        return EXIT_VLLM, (
+        return ExitCode.VLLM, (
             f"headless node {node.rank} lost its connection to node 0 at "
             f"{node.master_addr}:{node.master_port} for {LOST_NODE0_SECONDS} s; "
             "the job is gone, so every node stops and must start again together"

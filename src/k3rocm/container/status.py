@@ -259,7 +259,7 @@ def main() -> int:
     except BadAddress as err:
         problems.append(str(err))
     for problem in problems:
-        print(f"k3rocm.status: {problem}", file=sys.stderr, flush=True)
+        print(f"k3rocm.container.status: {problem}", file=sys.stderr, flush=True)
     if problems:
         return 2
     host, port = values[STATUS_HOST.name], values[STATUS_PORT.name]
@@ -271,7 +271,7 @@ def main() -> int:
         serve(host, port, registry)
     except OSError as err:
         print(
-            f"k3rocm.status: cannot listen on {host}:{port} ({err}); set "
+            f"k3rocm.container.status: cannot listen on {host}:{port} ({err}); set "
             f"{STATUS_HOST.env} to an address of this node (or 0.0.0.0) and "
             f"{STATUS_PORT.env} to a free port",
             file=sys.stderr,
@@ -280,7 +280,7 @@ def main() -> int:
         return 2
     shown = f"[{host}]" if ":" in host else host
     print(
-        f"k3rocm.status: start-up metrics on {shown}:{port}{METRICS_PATH}", flush=True
+        f"k3rocm.container.status: start-up metrics on {shown}:{port}{METRICS_PATH}", flush=True
     )
     threading.Event().wait()
     return 0

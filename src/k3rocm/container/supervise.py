@@ -11,7 +11,7 @@
 ``run`` clears what a previous start left in ``K3_RUN_DIR``, fills in the
 defaults the config interpolates, runs supervisord in the foreground, and
 exits with the guard's stop reason: supervisord exits 0 when the guard stops
-it, the container must not. On SIGTERM/SIGINT it first drains (k3rocm.drain:
+it, the container must not. On SIGTERM/SIGINT it first drains (k3rocm.container.drain:
 new requests get 503, accepted ones finish, within K3_STOP_GRACE_SECONDS'
 drain share), then stops supervisord; a second signal skips the rest of the
 drain.
@@ -36,8 +36,9 @@ import sys
 import time
 from pathlib import Path
 
+from k3rocm.common.exit_codes import ExitCode
 from k3rocm.container.drain import wait_drained, write_drain_mark
-from k3rocm.container.guard import EXIT_SMOKE, EXIT_USAGE, EXIT_VLLM, listen, log
+from k3rocm.container.guard import line_logger, listen
 from k3rocm.container.jit_locks import sweep as sweep_jit_locks
 from k3rocm.container.stop_budget import StopBudget
 from k3rocm.container.writable import problems as unwritable
@@ -72,6 +73,7 @@ from k3rocm.setting_table import (
 )
 
 # What `run` fills in for the config's %(ENV_...)s and its own programs.
+log = line_logger("k3rocm.container.supervise")
 DEFAULTS = {
     setting.env: env_text(setting.default)
     for setting in (
@@ -105,7 +107,7 @@ def _previous_smoke_failure(directory: Path) -> str | None:
         reason = StopReason.read(directory)
     except (OSError, ValueError):
         return None
-    if reason is not None and reason.exit_code == EXIT_SMOKE:
+    if reason is not None and reason.exit_code == ExitCode.SMOKE:
         return reason.reason
     return None
 
@@ -143,7 +145,7 @@ def run() -> int:
         for problem in problems:
             log(f"cannot start: {problem}")
         log("cannot start: fix the settings above, then start the container again")
-        return EXIT_USAGE
+        return ExitCode.SETTINGS
     os.environ[STOPWAIT_ENV] = str(budget.stopwait_seconds)
     directory = run_dir()
     # Resolved once (unset, empty or padded alike) for every process below.
@@ -157,7 +159,7 @@ def run() -> int:
             "fix the cause, then recreate the container (docker compose up "
             "--force-recreate, or docker rm and docker run)"
         )
-        return EXIT_SMOKE
+        return ExitCode.SMOKE
     for name in _STALE:
         (directory / name).unlink(missing_ok=True)
     shutil.rmtree(directory / STACK_HANDLERS, ignore_errors=True)
@@ -224,9 +226,9 @@ def _exit_code(directory: Path, status: int) -> int:
     except (OSError, ValueError) as err:
         log(
             f"unreadable stop reason {directory / REASON_FILE} ({err}); exiting "
-            f"with {EXIT_VLLM}"
+            f"with {ExitCode.VLLM}"
         )
-        return EXIT_VLLM
+        return ExitCode.VLLM
     if reason is not None:
         log(f"container stopped: {reason.reason} (exit {reason.exit_code})")
         return reason.exit_code

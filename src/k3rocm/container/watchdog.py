@@ -40,9 +40,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from k3rocm.common.exit_codes import ExitCode
 from k3rocm.container.drain import IN_FLIGHT_METRIC
 from k3rocm.container.forensics import capture, forensics_dir
-from k3rocm.container.guard import EXIT_STALL, log, record_stop_reason, stop_supervisord
+from k3rocm.container.guard import line_logger, record_stop_reason, stop_supervisord
 from k3rocm.container.node import headless_node
 from k3rocm.contract import (
     DRAIN_MARK,
@@ -62,6 +63,7 @@ from k3rocm.engine_progress import (
 )
 from k3rocm.setting_table import API_KEY_FILE, SERVED_MODEL_NAME, STALL_SECONDS
 
+log = line_logger("k3rocm.container.watchdog")
 METRICS_TIMEOUT_SECONDS = 5
 API = "api"  # the progress key of requests in flight at the API server
 
@@ -268,7 +270,7 @@ def on_stall(directory: Path, stall: Stall, now: float, group: int | None) -> No
             log,
             handlers=directory / STACK_HANDLERS,
         )
-    if not record_stop_reason(directory, EXIT_STALL, reason):
+    if not record_stop_reason(directory, ExitCode.STALL, reason):
         return  # another stop is under way
     if group is not None:
         try:
@@ -308,8 +310,8 @@ def main() -> int:
         stall = STALL_SECONDS.read(os.environ)
         base_url = api_base_url(os.environ)
     except ValueError as err:
-        log(f"watchdog: {err}")
-        return 2
+        log(str(err))
+        return ExitCode.SETTINGS
     if headless_node(os.environ) is not None:
         # No API server here: node 0's watchdog judges the job, this node's
         # guard captures its stacks when node 0 goes away.

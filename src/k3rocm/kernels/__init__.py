@@ -1,5 +1,5 @@
 """Triton kernels the patch series adds to vLLM, kept here as their source.
 
 Each module is copied whole into vLLM by a generated patch
-(``python -m k3rocm.patchgen``); importing one needs vLLM.
+(``k3rocm patchgen``); importing one needs vLLM.
 """

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Added by the kimi-k3-rocm patch series (not part of upstream vLLM 0.27.1).
 # Generated from kimi-k3-rocm's src/k3rocm/kernels/kda_chunk_launch.py by
-# `python -m k3rocm.patchgen`: edit that file, not this one.
+# `k3rocm patchgen`: edit that file, not this one.
 """Chunk KDA forward through precompiled launches.
 
 vLLM 0.27.1's vendored ``chunk_kda_with_fused_gate`` (AMD copy) issues eight

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Added by the kimi-k3-rocm patch series (not part of upstream vLLM 0.27.1).
 # Generated from kimi-k3-rocm's src/k3rocm/kernels/kda_metadata.py by
-# `python -m k3rocm.patchgen`: edit that file, not this one.
+# `k3rocm patchgen`: edit that file, not this one.
 """Stall-free FLA chunk metadata for the ROCm Kimi-K3 KDA layers.
 
 Chunk KDA needs, for the ``cu_seqlens`` it runs over, ``chunk_indices``

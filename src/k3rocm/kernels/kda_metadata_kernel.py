@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Added by the kimi-k3-rocm patch series (not part of upstream vLLM 0.27.1).
 # Generated from kimi-k3-rocm's src/k3rocm/kernels/kda_metadata_kernel.py by
-# `python -m k3rocm.patchgen`: edit that file, not this one.
+# `k3rocm patchgen`: edit that file, not this one.
 """The device side of the stall-free KDA chunk metadata (kda_metadata.py
 launches it): one Triton kernel that writes ``chunk_indices`` and
 ``chunk_offsets`` from a device ``cu_seqlens``, and its fixed set of

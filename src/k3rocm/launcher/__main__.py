@@ -7,14 +7,11 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from k3rocm.common.exit_codes import ExitCode
 from k3rocm.launcher.command import build_launch, dry_run_text
 from k3rocm.launcher.settings import LaunchSettings, raw_settings, resolve_all
 from k3rocm.launcher.validation import inspect_machine
 from k3rocm.setting_table import CONTAINER_SETTINGS, read_all
-
-EXIT_INVALID_SETTINGS = 2
-# What a shell returns for a command it cannot find.
-EXIT_NOT_FOUND = 127
 
 
 def check(
@@ -48,7 +45,7 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         for problem in problems:
             _print_error(f"serve-kimi-k3: error: {problem}")
         _print_error("serve-kimi-k3: nothing started.")
-        return EXIT_INVALID_SETTINGS
+        return ExitCode.SETTINGS
     launch = build_launch(settings, environ, api_key)
     if settings.dry_run:
         _write_script(dry_run_text(launch))
@@ -66,7 +63,7 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
             "vLLM there or set K3_VLLM_COMMAND (--vllm-command) to the command "
             "that runs `vllm serve`."
         )
-        return EXIT_NOT_FOUND
+        return ExitCode.NOT_FOUND
 
 
 def _print_error(line: str) -> None:

@@ -163,7 +163,7 @@ def container_rules() -> list[Rule]:
             "vLLM server {{ $labels.instance }} does not answer /metrics",
             "The container is past its start-up and vLLM does not answer: a "
             "crash loop, an out-of-memory kill, a stop. docker compose ps; "
-            "docker compose logs kimi-k3 (the k3rocm.supervise lines say why).",
+            "docker compose logs kimi-k3 (the k3rocm.container lines say why).",
             m.DOWN_FOR,
             comment="Not while the container says it is still starting (smoke "
             "stage 1, loading the weights, smoke stage 2): vLLM serves no HTTP "

@@ -7,8 +7,8 @@ launches (``kda_chunk_launch.py``). Their code lives in this repository as real,
 source files under ``src/k3rocm/kernels/``, and the patch is written from
 them, so the two cannot drift apart unnoticed (``--check``; a test runs it)::
 
-    python -m k3rocm.patchgen            # rewrite the generated patches
-    python -m k3rocm.patchgen --check    # exit 1 if one is out of date
+    k3rocm patchgen            # rewrite the generated patches
+    k3rocm patchgen --check    # exit 1 if one is out of date
 
 A generated patch keeps its own description (the text before its first
 ``--- `` line); everything after it is made from the source. After a
@@ -94,7 +94,7 @@ def stale(repo: Path = REPO) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m k3rocm.patchgen")
+    parser = argparse.ArgumentParser(prog="k3rocm patchgen")
     parser.add_argument(
         "--check", action="store_true", help="report stale patches, write nothing"
     )
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in out_of_date:
             print(
                 f"patches/{name} is out of date with its source; "
-                "run: python -m k3rocm.patchgen",
+                "run: k3rocm patchgen",
                 file=sys.stderr,
             )
         return 1 if out_of_date else 0

@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def say_waiting(lock: Path) -> None:
         print(
-            f"k3rocm.patchset: waiting for another run on this tree ({lock})",
+            f"k3rocm.patchtool.patchset: waiting for another run on this tree ({lock})",
             file=sys.stderr,
             flush=True,
         )
@@ -360,7 +360,7 @@ def _report(args: argparse.Namespace, result: dict, code: int) -> int:
         print(json.dumps(result, indent=2))
     else:
         stream = sys.stdout if code == EXIT_OK else sys.stderr
-        prefix = "" if code == EXIT_OK else "k3rocm.patchset: "
+        prefix = "" if code == EXIT_OK else "k3rocm.patchtool.patchset: "
         print(prefix + result["message"], file=stream)
     return code
 

@@ -231,13 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         document = bom(Series(default_series_dir()), os.environ.get("K3_IMAGE_VERSION"))
     except TriageError as err:
-        print(f"k3rocm.sbom: {err}", file=sys.stderr)
+        print(f"k3rocm.supply_chain.sbom: {err}", file=sys.stderr)
         return 1
     for requirements in args.require:
         missing = missing_pins(document, pinned(requirements))
         if missing:
             print(
-                f"k3rocm.sbom: pinned in {requirements} but not installed as pinned: "
+                f"k3rocm.supply_chain.sbom: pinned in {requirements} but not installed as pinned: "
                 + ", ".join(missing),
                 file=sys.stderr,
             )
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(document, indent=1) + "\n")
     except OSError as err:
-        print(f"k3rocm.sbom: cannot write {args.out}: {err}", file=sys.stderr)
+        print(f"k3rocm.supply_chain.sbom: cannot write {args.out}: {err}", file=sys.stderr)
         return 1
     print(f"wrote {args.out}: {summary(document)}")
     return 0
