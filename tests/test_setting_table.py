@@ -18,6 +18,7 @@ from vllm_trees import REPO
 from k3rocm import setting_table
 from k3rocm.setting_table import (
     BY_ENV,
+    BY_NAME,
     CONTAINER,
     IMAGE,
     LAUNCHER,
@@ -152,15 +153,23 @@ def test_every_default_is_a_value_its_row_accepts():
 
 
 def test_the_launch_settings_are_the_launcher_rows():
-    """LaunchSettings has one field per launcher row (the grace becomes the
-    stop budget it derives)."""
+    """LaunchSettings holds every launcher row's value, typed and defaulted
+    by the row, as an attribute; its own fields are only what is worked out
+    from a row's text and other rows."""
     from dataclasses import fields
 
-    from k3rocm.launcher.settings import LaunchSettings
+    from k3rocm.launcher.settings import LaunchSettings, resolve
 
-    names = {field.name for field in fields(LaunchSettings)}
     rows = {s.name for s in SETTINGS if s.group == LAUNCHER}
-    assert names == rows - {"stop_grace_seconds"} | {"stop_budget"}
+    settings = resolve(dict.fromkeys(rows))
+    assert set(settings.values) == rows
+    for name in rows - {f.name for f in fields(LaunchSettings)}:
+        assert getattr(settings, name) == BY_NAME[name].default, name
+    derived = {f.name for f in fields(LaunchSettings)} - {"values"}
+    assert derived - rows == {"stop_budget"}
+    assert settings.stop_budget.grace_seconds == BY_NAME["stop_grace_seconds"].default
+    with pytest.raises(AttributeError):
+        _ = settings.no_such_setting
 
 
 def test_owned_flags_come_from_the_rows():
@@ -183,10 +192,11 @@ ROW_NAMES = {
 }
 
 
-def table_names_in(reader: str) -> tuple[set[str], set[str]]:
+def table_names_in(reader: str) -> tuple[set[str], set[str], set[str]]:
     """What a reader module (every module of a package) takes from
     k3rocm.setting_table, as ``from k3rocm.setting_table import NAME`` or
-    ``setting_table.NAME``, and the strings its code holds."""
+    ``setting_table.NAME``, the strings its code holds, and the attributes
+    it reads of a LaunchSettings (``settings.NAME``)."""
     spec = importlib.util.find_spec(f"k3rocm.{reader}")
     assert spec is not None and spec.origin, f"no module k3rocm.{reader}"
     if spec.submodule_search_locations:  # a package: all its modules
@@ -199,6 +209,7 @@ def table_names_in(reader: str) -> tuple[set[str], set[str]]:
         paths = [Path(spec.origin)]
     names: set[str] = set()
     strings: set[str] = set()
+    launch_attributes: set[str] = set()
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module == TABLE_MODULE:
@@ -209,22 +220,34 @@ def table_names_in(reader: str) -> tuple[set[str], set[str]]:
                 and node.value.id == "setting_table"
             ):
                 names.add(node.attr)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "settings"
+            ):
+                launch_attributes.add(node.attr)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 strings.add(node.value)
-    return names, strings
+    return names, strings, launch_attributes
 
 
 def test_every_reader_named_by_a_row_reads_it():
     """Each module a row names as a reader takes the row from the table: by
     its Python name, or, where it looks rows up by name (BY_NAME: the
-    launcher's resolver), by the row's name. A module that no longer reads
-    the setting fails, as does one that does not exist."""
+    launcher's resolver), by the row's name, or, where it reads every
+    launcher row (LAUNCHER_SETTINGS), as the LaunchSettings attribute of the
+    row's name. A module that no longer reads the setting fails, as does one
+    that does not exist."""
     stale = []
     for setting in SETTINGS:
         for reader in setting.readers:
-            names, strings = table_names_in(reader)
-            if ROW_NAMES[id(setting)] not in names and not (
-                "BY_NAME" in names and setting.name in strings
+            names, strings, launch_attributes = table_names_in(reader)
+            if (
+                ROW_NAMES[id(setting)] not in names
+                and not ("BY_NAME" in names and setting.name in strings)
+                and not (
+                    "LAUNCHER_SETTINGS" in names and setting.name in launch_attributes
+                )
             ):
                 stale.append(f"{setting.env}: k3rocm.{reader}")
     assert not stale, f"readers that do not read the setting: {stale}"

@@ -49,6 +49,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from k3rocm.common.exit_codes import ExitCode
 from k3rocm.contract import (
     DRAIN_MARK,
     PHASE_SINCE,
@@ -261,7 +262,7 @@ def main() -> int:
     for problem in problems:
         print(f"k3rocm.container.status: {problem}", file=sys.stderr, flush=True)
     if problems:
-        return 2
+        return ExitCode.SETTINGS
     host, port = values[STATUS_HOST.name], values[STATUS_PORT.name]
     bound = values[LOAD_ALERT_SECONDS.name]
     stall = values[STALL_SECONDS.name]
@@ -277,11 +278,9 @@ def main() -> int:
             file=sys.stderr,
             flush=True,
         )
-        return 2
-    shown = f"[{host}]" if ":" in host else host
-    print(
-        f"k3rocm.container.status: start-up metrics on {shown}:{port}{METRICS_PATH}", flush=True
-    )
+        return ExitCode.SETTINGS
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    print(f"k3rocm.container.status: start-up metrics on {where}{METRICS_PATH}")
     threading.Event().wait()
     return 0
 

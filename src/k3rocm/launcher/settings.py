@@ -26,15 +26,11 @@ from k3rocm.profiles import (
 )
 from k3rocm.series import shipped_series
 from k3rocm.setting_table import (
-    DRI_DIR,
-    HOST,
     LAUNCHER_SETTINGS,
-    MASTER_PORT,
     MODEL,
-    PORT,
     PROFILE,
     SERVED_MODEL_NAME,
-    STOP_GRACE_SECONDS,
+    Default,
     FilePath,
     Names,
     Text,
@@ -52,25 +48,28 @@ __all__ = [
 
 @dataclass(frozen=True)
 class LaunchSettings:
-    model: str
+    """Every launcher row's value, typed by its row (its default where unset
+    or refused), as an attribute named like the row; and, as fields, what is
+    worked out from a row's text and other rows. A new launcher setting is
+    its row and its consumer."""
+
+    values: Mapping[str, Default]
+    model: str  # ~ expanded as a shell would
     served_model_name: str
     profile: Profile
     features: tuple[str, ...]
-    max_model_len: int | None
     max_num_seqs: int | None
-    host: str
-    port: int
-    api_key_file: Path | None
-    extra_args: tuple[str, ...]
+    extra_args: tuple[str, ...]  # K3_EXTRA_ARGS split, then what follows `--`
     num_nodes: int
-    node_rank: int | None
-    master_addr: str | None
-    master_port: int
-    gpu_count: int | None
-    dri_dir: Path
     vllm_command: tuple[str, ...] | None
     stop_budget: StopBudget
-    dry_run: bool
+
+    def __getattr__(self, name: str) -> Default:
+        # Only for names that are no field: a row's own value.
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -154,11 +153,13 @@ def resolve_all(
     a refused value is replaced by its default, so later checks can go on."""
     resolver = Resolver(raw)
     problems = resolver.problems
-    # Every number, choice and flag, typed by its row.
-    typed = {
-        setting.name: resolver.typed(setting.name)
+    # Every row as given (None where unset or refused), then with defaults.
+    typed = _row_values(resolver)
+    values = {
+        setting.name: setting.default
+        if typed[setting.name] is None
+        else typed[setting.name]
         for setting in LAUNCHER_SETTINGS
-        if not isinstance(setting.kind, Text | Names | FilePath)
     }
     profile = PROFILES.get(typed["profile"] or PROFILE.default)
     if "profile" in resolver.invalid:
@@ -184,7 +185,6 @@ def resolve_all(
             problems,
         )
 
-    api_key_file = resolver.path("api_key_file")
     served_model_name = resolver.text("served_model_name")
     if served_model_name is not None and not served_model_name.isprintable():
         # Clients must type it, and the smoke test and watchdog send it.
@@ -198,29 +198,36 @@ def resolve_all(
     max_num_seqs = typed["max_num_seqs"] or (
         AMD_MAX_NUM_SEQS if profile and profile.kimi_on_rocm else None
     )
-    grace = typed["stop_grace_seconds"] or STOP_GRACE_SECONDS.default
     settings = LaunchSettings(
+        values=values,
         model=resolver.path("model") or MODEL.default,
         served_model_name=served_model_name or SERVED_MODEL_NAME.default,
         profile=profile or PROFILES[PROFILE.default],
         features=features,
-        max_model_len=typed["max_model_len"],
         max_num_seqs=max_num_seqs,
-        host=resolver.text("host") or HOST.default,
-        port=typed["port"] or PORT.default,
-        api_key_file=Path(api_key_file) if api_key_file is not None else None,
         extra_args=extra_args,
         num_nodes=num_nodes or 1,
-        node_rank=node_rank,
-        master_addr=master_addr,
-        master_port=typed["master_port"] or MASTER_PORT.default,
-        gpu_count=typed["gpu_count"],
-        dri_dir=Path(resolver.path("dri_dir") or DRI_DIR.default),
         vllm_command=resolver.split("vllm_command") or None,
-        stop_budget=StopBudget(grace),
-        dry_run=bool(typed["dry_run"]),
+        stop_budget=StopBudget(values["stop_grace_seconds"]),
     )
     return Resolution(settings, tuple(problems), frozenset(resolver.invalid))
+
+
+def _row_values(resolver: Resolver) -> dict[str, Default]:
+    """Each launcher row's value as its kind reads it; None where it is unset
+    or refused."""
+    values: dict[str, Default] = {}
+    for setting in LAUNCHER_SETTINGS:
+        value: Default
+        if isinstance(setting.kind, FilePath):
+            text = resolver.path(setting.name)
+            value = Path(text) if text is not None else None
+        elif isinstance(setting.kind, Text | Names):
+            value = resolver.text(setting.name)
+        else:
+            value = resolver.typed(setting.name)
+        values[setting.name] = value
+    return values
 
 
 def _features(resolver: Resolver, profile: Profile | None) -> tuple[str, ...]:

@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         for name in out_of_date:
             print(
-                f"patches/{name} is out of date with its source; "
-                "run: k3rocm patchgen",
+                f"patches/{name} is out of date with its source; run: k3rocm patchgen",
                 file=sys.stderr,
             )
         return 1 if out_of_date else 0

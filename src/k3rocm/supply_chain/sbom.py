@@ -237,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         missing = missing_pins(document, pinned(requirements))
         if missing:
             print(
-                f"k3rocm.supply_chain.sbom: pinned in {requirements} but not installed as pinned: "
-                + ", ".join(missing),
+                f"k3rocm.supply_chain.sbom: pinned in {requirements} but not "
+                "installed as pinned: " + ", ".join(missing),
                 file=sys.stderr,
             )
             return 1
@@ -246,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(document, indent=1) + "\n")
     except OSError as err:
-        print(f"k3rocm.supply_chain.sbom: cannot write {args.out}: {err}", file=sys.stderr)
+        print(
+            f"k3rocm.supply_chain.sbom: cannot write {args.out}: {err}", file=sys.stderr
+        )
         return 1
     print(f"wrote {args.out}: {summary(document)}")
     return 0
