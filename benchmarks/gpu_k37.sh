@@ -6,7 +6,9 @@
 #                                            # timings want a quiet machine)
 #     bash benchmarks/gpu_k37.sh reference   # call 2: gpu_reference.py, with the
 #                                            # smoke check's cold compile beside
-#                                            # it, then its warm-cache timings
+#                                            # it, then its warm-cache timings;
+#                                            # K3_PER_CALL=1: then gpu_peel.py's
+#                                            # per-call times (K3_PEEL_ONLY)
 set -uo pipefail
 export OUT=${OUT:-/tmp/k3-gpu} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -29,11 +31,18 @@ reference)
   python3 gpu_reference.py || { echo "!! reference exited $?"; status=1; }
   echo "== reference: $((SECONDS - start)) s"
   wait "$cold" || { echo "!! smoke cold exited $?"; status=1; }
-  for mode in warm-uncached "warm 1" "warm 2"; do
+  for mode in warm-uncached "warm 1"; do
     # shellcheck disable=SC2086  # "warm 1": mode and label
     TRITON_CACHE_DIR=$smoke_cache python3 gpu_smoke_time.py $mode ||
       { echo "!! smoke $mode exited $?"; status=1; }
   done
+  TRITON_CACHE_DIR=$smoke_cache K3_SMOKE_PROFILE=1 python3 gpu_smoke_time.py warm profile ||
+    { echo "!! smoke profile exited $?"; status=1; }
+  if [ -n "${K3_PER_CALL:-}" ]; then
+    # Host time per layer call again, on a quiet machine (the kernels are in
+    # Triton's cache by now).
+    K3_PEEL_ONLY=per_call python3 gpu_peel.py || { echo "!! per-call exited $?"; status=1; }
+  fi
   echo "== all: $((SECONDS - start)) s"
   ;;
 *)

@@ -763,7 +763,23 @@ def main():
         (out_dir / "peel.json").write_text(json.dumps(report, indent=1, default=str))
 
     report["host_cpu"] = pin_to_quiet_cpu()
-    if os.environ.get("K3_PEEL_ONLY") == "recurrent":  # part 3 alone
+    if os.environ.get("K3_PEEL_ONLY") == "per_call":  # parts 3 and 4 alone
+        for name, lens in SHAPES.items():
+            row = per_call_rounds(lens)
+            report[f"per_call: {name}"] = row
+            print(name, json.dumps({k: v for k, v in row.items() if "round" not in k}))
+        report["recurrent_host_cost"] = {
+            name: recurrent_host_cost(lens)
+            for name, lens in SHAPES.items()
+            if lens[0] == 1
+        }
+        print("recurrent", json.dumps(report["recurrent_host_cost"]), flush=True)
+        report["repins"] = REPINS
+        (out_dir / "peel-per-call.json").write_text(
+            json.dumps(report, indent=1, default=str)
+        )
+        return
+    if os.environ.get("K3_PEEL_ONLY") == "recurrent":  # part 4 alone
         report["recurrent_host_cost"] = {
             name: recurrent_host_cost(lens)
             for name, lens in SHAPES.items()

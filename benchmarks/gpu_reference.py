@@ -55,11 +55,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from kda_harness import HEAD_DIM, HEADS_PER_RANK, load_tree  # noqa: E402
-from reference_chunked import batch_reference  # noqa: E402
 
-kda_ops = load_tree("patched")
+kda_ops = load_tree("patched")  # puts src/ (k3rocm) on the path too
 
 import triton  # noqa: E402
+from reference_chunked import batch_reference  # noqa: E402
 from vllm.models.kimi_k3.amd.kda_metadata import (  # noqa: E402
     prepare_chunk_metadata_device as metadata,
 )

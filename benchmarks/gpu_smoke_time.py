@@ -8,13 +8,20 @@ directory (TRITON_CACHE_DIR) shared between them:
                                              # autotuners time again (k3.6)
     python3 gpu_smoke_time.py warm [LABEL]   # kernels and choices cached (k3.7)
 
-Each times the check's measurement (measure("cuda")) twice in its process:
+Each runs, untimed, what stage 1 runs right before the check (its kernel
+battery: the series' metadata kernel on the device, so Triton is set up in
+the process), then times the check's measurement (measure("cuda")) twice:
 the first is what stage 1 pays, the second the kernels' run with every
-cache in memory. Prints one JSON line; writes it under $OUT.
+cache in memory. Prints one JSON line; writes it under $OUT. With
+K3_SMOKE_PROFILE=1 the first measurement runs under cProfile (the 25
+costliest calls by cumulative time go into the JSON).
 """
 
+import cProfile
+import io
 import json
 import os
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -31,12 +38,26 @@ load_tree("patched")
 from k3rocm.smoke import kda_numerics  # noqa: E402
 
 
-def timed(cache_autotuning: bool) -> tuple[float, float]:
+def timed(cache_autotuning: bool, profile=None) -> tuple[float, float]:
     torch.cuda.synchronize()
+    if profile is not None:
+        profile.enable()
     start = time.perf_counter()
     worst = kda_numerics.measure("cuda", cache_autotuning=cache_autotuning)
     torch.cuda.synchronize()
-    return time.perf_counter() - start, worst
+    seconds = time.perf_counter() - start
+    if profile is not None:
+        profile.disable()
+    return seconds, worst
+
+
+def battery() -> list:
+    """Stage 1's kernel battery (check_kernel_battery's comparison)."""
+    from vllm.models.kimi_k3.amd.kda_metadata import prepare_chunk_metadata_device
+
+    from k3rocm.smoke.kernel_checks import compare_with_reference
+
+    return compare_with_reference(prepare_chunk_metadata_device, "cuda")
 
 
 def main() -> None:
@@ -45,7 +66,11 @@ def main() -> None:
     cache = mode != "warm-uncached"
     torch.cuda.init()
     torch.empty(1, device="cuda")  # the context, which stage 1 makes first too
-    first, worst = timed(cache)
+    start = time.perf_counter()
+    mismatches = battery()
+    battery_s = time.perf_counter() - start
+    profile = cProfile.Profile() if os.environ.get("K3_SMOKE_PROFILE") else None
+    first, worst = timed(cache, profile)
     again, worst_again = timed(cache)
     cache_dir = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton/cache"))
     result = {
@@ -55,7 +80,13 @@ def main() -> None:
         "again in-process s": again,
         "worst excess": [worst, worst_again],
         "autotune files in the cache": len(list(cache_dir.rglob("*.autotune.json"))),
+        "kernel battery before (untimed in the above) s": battery_s,
+        "kernel battery mismatches": mismatches,
     }
+    if profile is not None:
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(25)
+        result["profile"] = text.getvalue().splitlines()
     print(json.dumps(result), flush=True)
     out = Path(os.environ.get("OUT", "/tmp"))
     (out / f"smoke-{label}.json").write_text(json.dumps(result, indent=1))
