@@ -1,7 +1,7 @@
 """GPU proof of the series, in one call on the lent H200:
 
 1. the device metadata kernel equals the reference semantics
-   (k3rocm.chunk_reference) on the edge cases, on batches either side of
+   (k3rocm.smoke.chunk_reference) on the edge cases, on batches either side of
    every tile and prefix-width boundary, and on 10,000 random batches, every
    variant launched directly (its compiled binary, not Triton's dispatcher);
 2. a full prefill step of a mixed batch (the series' metadata build, then
@@ -149,7 +149,7 @@ def main() -> None:
     kda_ops = load_tree("patched")
     from vllm.models.kimi_k3.amd.kda_metadata import prepare_chunk_metadata_device
 
-    from k3rocm.chunk_reference import reference_chunk_metadata
+    from k3rocm.smoke.chunk_reference import reference_chunk_metadata
 
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     import triton

@@ -79,9 +79,9 @@ finish() {
     --groups video,render --shell /bin/bash k3
   # The compile caches (Triton, AITER JIT) and Hugging Face live under
   # ~/.cache, the volume that survives a recreated container.
-  # The run directory's default lives in k3rocm.setting_table.
+  # The run directory's default lives in k3rocm.common.setting_table.
   local run_dir
-  run_dir=$("$python" -c 'from k3rocm.contract import run_dir; print(run_dir({}))')
+  run_dir=$("$python" -c 'from k3rocm.common.run_files import run_dir; print(run_dir({}))')
   mkdir -p "$root$run_dir" "$root/home/k3/.cache/triton" "$root/home/k3/.cache/aiter"
   chown -R "$K3_UID" "$root$run_dir" "$root/home/k3"
 }

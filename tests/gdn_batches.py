@@ -11,7 +11,7 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from vllm.v1.kv_cache_interface import MambaSpec
 
-from k3rocm.chunk_reference import reference_chunk_metadata
+from k3rocm.smoke.chunk_reference import reference_chunk_metadata
 
 NUM_SPEC = 2
 

@@ -28,8 +28,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from vllm_trees import SERIES
 
+from k3rocm.patchtool.series import MARKER_NAME
 from k3rocm.plugin import build_info
-from k3rocm.series import MARKER_NAME
 
 TREE_FILES = {"vllm/a.py": b"patched a\n", "vllm/b.py": b"patched b\n"}
 DIGESTS = {

@@ -4,7 +4,7 @@ src/k3rocm/kernels/kda_metadata_kernel.py (the kernel and its variants) and
 kda_metadata.py (the host side); patch 0002 is generated from them, and
 test_patch_sources checks that the patched tree holds the same bytes.
 
-The reference (k3rocm.chunk_reference) is itself checked against vLLM
+The reference (k3rocm.smoke.chunk_reference) is itself checked against vLLM
 0.27.1's own CPU functions wherever those are right (every empty sequence at
 the back), and the one place they differ is documented by a test.
 """
@@ -18,9 +18,9 @@ from vllm.third_party.flash_linear_attention.ops.index import (
     prepare_chunk_offsets,
 )
 
-from k3rocm.chunk_reference import cu_seqlens_of, reference_chunk_metadata
 from k3rocm.kernels import kda_metadata, kda_metadata_kernel
 from k3rocm.kernels.kda_metadata import prepare_chunk_metadata_device
+from k3rocm.smoke.chunk_reference import cu_seqlens_of, reference_chunk_metadata
 
 
 def device_metadata(seq_lens):

@@ -17,7 +17,7 @@ from kda_interpreter import fresh, interpretable, poisoned
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
 
-from k3rocm.chunk_reference import cu_seqlens_of, reference_chunk_metadata
+from k3rocm.smoke.chunk_reference import cu_seqlens_of, reference_chunk_metadata
 
 HEADS, HEAD_DIM = 2, 32
 

@@ -18,14 +18,14 @@ import pytest
 import yaml
 from vllm_trees import CACHE, REPO
 
-from k3rocm.profiles import AMD_ENV
-from k3rocm.series import Series
-from k3rocm.setting_table import (
+from k3rocm.common.profiles import AMD_ENV
+from k3rocm.common.setting_table import (
     CONTAINER_SETTINGS,
     LAUNCHER_SETTINGS,
     SETTINGS,
     STOP_GRACE_SECONDS,
 )
+from k3rocm.patchtool.series import Series
 from k3rocm.supply_chain.image import BASE_IMAGE, image_tag
 
 # What an operator sets: the launcher's and the container's rows (the image's
@@ -101,7 +101,7 @@ def seconds(duration: str) -> float:
 
 def test_server_stop_budget_is_one_number():
     """Docker's grace and the container's budget are the same variable with
-    the same default (k3rocm.container.stop_budget derives every inner wait)."""
+    the same default (k3rocm.common.stop_budget derives every inner wait)."""
     period = re.fullmatch(r"(\$\{[^}]+\})s", SERVER["stop_grace_period"])
     assert period, SERVER["stop_grace_period"]
     assert SERVER["environment"][STOP_GRACE_SECONDS.env] == period.group(1)

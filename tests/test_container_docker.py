@@ -35,7 +35,7 @@ from docker_images import (
 )
 from vllm_trees import REPO
 
-from k3rocm.series import Series
+from k3rocm.patchtool.series import Series
 from k3rocm.supply_chain.image import image_tag
 from k3rocm.tryout.tiny_model import MAX_POSITIONS
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from vllm_trees import REPO, copy_tree, installed_root
 
-from k3rocm.series import Series
+from k3rocm.patchtool.series import Series
 from k3rocm.supply_chain.image import BASE_IMAGE, ROCM_VERSION, image_tag
 
 SERIES = Series(REPO / "patches")
@@ -69,7 +69,7 @@ def test_dockerfile_shape():
         "org.opencontainers.image.revision",
         "org.opencontainers.image.source",
         "k3rocm.vllm.version",
-        "k3rocm.rocm.version",
+        "k3rocm.supply_chain.rocm.version",
         "k3rocm.patch-series",
     ):
         assert f"{label}=" in text

@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
+from k3rocm.common.setting_table import STOP_GRACE_SECONDS, SettingError
+from k3rocm.common.stop_budget import StopBudget
 from k3rocm.container import drain
-from k3rocm.container.stop_budget import StopBudget
-from k3rocm.setting_table import STOP_GRACE_SECONDS, SettingError
 
 CHUNKS = 5
 
@@ -66,7 +66,7 @@ def middleware(tmp_path, monkeypatch):
 
 
 def in_flight() -> float:
-    return REGISTRY.get_sample_value(drain.IN_FLIGHT_METRIC)
+    return REGISTRY.get_sample_value(drain.API_IN_FLIGHT)
 
 
 def test_requests_pass_untouched_and_are_counted_while_running(middleware):

@@ -1,5 +1,5 @@
 """The container's health check and the address every in-container client
-uses (k3rocm.contract.api_base_url), against a real HTTP server on this
+uses (k3rocm.common.api_address.api_base_url), against a real HTTP server on this
 machine standing in for vLLM's /health."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from k3rocm.common.api_address import BadAddress, api_base_url
 from k3rocm.container import health
 from k3rocm.container.drain import write_drain_mark
-from k3rocm.contract import BadAddress, api_base_url
 
 
 @pytest.mark.parametrize(

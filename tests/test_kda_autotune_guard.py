@@ -18,7 +18,7 @@ import vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch as launch
 from triton import Config
 from vllm_trees import installed_root
 
-from k3rocm.chunk_reference import cu_seqlens_of, reference_chunk_metadata
+from k3rocm.smoke.chunk_reference import cu_seqlens_of, reference_chunk_metadata
 
 FIXED = {(warps, stages) for warps in (2, 4, 8) for stages in (2, 3)}
 RACY = Config({}, num_warps=4, num_stages=4)

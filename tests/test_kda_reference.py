@@ -31,8 +31,8 @@ from kda_interpreter import (
 )
 from triton.runtime.errors import InterpreterError
 
-from k3rocm.chunk_reference import cu_seqlens_of, reference_chunk_metadata
 from k3rocm.smoke import kda_reference as ref
+from k3rocm.smoke.chunk_reference import cu_seqlens_of, reference_chunk_metadata
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:tl.make_block_ptr is deprecated"),

@@ -36,8 +36,8 @@ from vllm.forward_context import set_forward_context
 from vllm.models.kimi_k3.amd.kda_metadata import KimiK3ROCmKDAMetadataBuilder
 from vllm.platforms import current_platform
 
-from k3rocm.chunk_reference import reference_chunk_metadata
 from k3rocm.smoke import kda_reference as ref
+from k3rocm.smoke.chunk_reference import reference_chunk_metadata
 
 SLOTS = 64
 

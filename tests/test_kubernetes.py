@@ -3,8 +3,8 @@
 (built-in kinds with kubernetes-validate for the oldest and the newest
 Kubernetes supported, custom kinds against their CRDs' openAPIV3Schema),
 planted errors caught, and the numbers the manifests carry held to what the
-image derives them from (k3rocm.setting_table, docker/Dockerfile,
-k3rocm.container.stop_budget)."""
+image derives them from (k3rocm.common.setting_table, docker/Dockerfile,
+k3rocm.common.stop_budget)."""
 
 from __future__ import annotations
 
@@ -24,14 +24,14 @@ import pytest
 import yaml
 from vllm_trees import REPO
 
-from k3rocm.monitoring import prometheus_rule
-from k3rocm.setting_table import (
+from k3rocm.common.setting_table import (
     BY_ENV,
     SMOKE_LOAD_TIMEOUT,
     SMOKE_STAGE1_TIMEOUT,
     SMOKE_STAGE2_TIMEOUT,
     STOP_GRACE_SECONDS,
 )
+from k3rocm.monitoring import prometheus_rule
 
 DEPLOY = REPO / "deploy" / "kubernetes"
 OVERLAYS = sorted(path.name for path in (DEPLOY / "overlays").iterdir())

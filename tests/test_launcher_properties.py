@@ -22,8 +22,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from k3rocm.common.profiles import FEATURES, PROFILES
 from k3rocm.launcher.__main__ import main
-from k3rocm.profiles import FEATURES, PROFILES
 
 API_KEY = "k3-prop-key-9d1e7b40"
 

@@ -438,8 +438,8 @@ def test_wrapper_is_shellcheck_clean():
 
 
 def test_readme_documents_every_setting_profile_and_feature():
-    from k3rocm.profiles import FEATURES, PROFILES
-    from k3rocm.setting_table import LAUNCHER_SETTINGS as SETTINGS
+    from k3rocm.common.profiles import FEATURES, PROFILES
+    from k3rocm.common.setting_table import LAUNCHER_SETTINGS as SETTINGS
 
     readme = (REPO / "README.md").read_text()
     section = readme.split("## Launching Kimi-K3", 1)[1].split("\n## ", 1)[0]

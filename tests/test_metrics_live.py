@@ -33,10 +33,10 @@ from vllm_server import (
 )
 from vllm_trees import SERIES, patched_tree
 
+from k3rocm.common.setting_table import IMAGE_TAG, SMOKE_REPORT
 from k3rocm.container import watchdog
-from k3rocm.contract import vllm_metrics_args
+from k3rocm.launcher.metrics_flags import vllm_metrics_args
 from k3rocm.monitoring import dashboard
-from k3rocm.setting_table import IMAGE_TAG, SMOKE_REPORT
 from k3rocm.tryout.cpu import SERVE_ARGS, SERVE_ENV
 from k3rocm.tryout.tiny_model import (
     build_tiny_llama,

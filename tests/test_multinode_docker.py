@@ -93,7 +93,7 @@ def test_two_nodes_serve_a_completion_through_node_0(nodes):
     # Tensor parallel 2 over the two nodes: rank 1 runs on node 1.
     assert "world_size=2 rank=0" in node0.logs()
     assert re.search(r"rank 1 in world size 2 is assigned as .*TP rank 1", node1.logs())
-    # Node 1 has no API server: its health is its own (k3rocm.container.node).
+    # Node 1 has no API server: its health is its own (k3rocm.common.node).
     health = node1.exec("python3", "-m", "k3rocm.container.health")
     assert health.returncode == 0, health.stdout + health.stderr
     assert f"headless node 1, vLLM connected to node 0 at {NODE0}:29501" in (

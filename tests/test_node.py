@@ -1,4 +1,4 @@
-"""A node's place in a deployment (k3rocm.container.node), the headless health check,
+"""A node's place in a deployment (k3rocm.common.node), the headless health check,
 and the guard's rule that a node of a multi-node job never restarts alone.
 Connections and processes are real: sockets opened here, a process group
 started here."""
@@ -12,10 +12,10 @@ import subprocess
 import pytest
 
 from k3rocm.common.exit_codes import ExitCode
+from k3rocm.common.node import connected_to, headless_node, node_from_env
+from k3rocm.common.run_files import DRAIN_MARK, READY_MARK, VLLM_GROUP_FILE
 from k3rocm.container.guard import LOST_NODE0_SECONDS, Guard
 from k3rocm.container.health import check_headless
-from k3rocm.container.node import connected_to, headless_node, node_from_env
-from k3rocm.contract import DRAIN_MARK, READY_MARK, VLLM_GROUP_FILE
 
 NODE1 = {"K3_PROFILE": "tep16", "K3_NODE_RANK": "1", "K3_MASTER_ADDR": "127.0.0.1"}
 

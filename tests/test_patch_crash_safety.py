@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from vllm_trees import REPO, SERIES, copy_tree, installed_root
 
-from k3rocm.series import MARKER_NAME
+from k3rocm.patchtool.series import MARKER_NAME
 
 STRESS = os.environ.get("K3_PATCH_STRESS") == "1"
 CONCURRENT_PAIRS = 100 if STRESS else 10

@@ -19,7 +19,7 @@ from vllm_trees import (
     run_patchset,
 )
 
-from k3rocm.series import MARKER_NAME
+from k3rocm.patchtool.series import MARKER_NAME
 
 MODIFIED = sorted(SERIES.pristine_files)
 

@@ -17,7 +17,7 @@ from docker_images import docker
 from registry import build_image_push, registry_digest
 from vllm_trees import REPO
 
-from k3rocm.series import Series
+from k3rocm.patchtool.series import Series
 from k3rocm.supply_chain.image import image_tag
 from k3rocm.supply_chain.sbom import missing_pins, pinned
 

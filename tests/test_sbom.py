@@ -16,8 +16,8 @@ from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from vllm_trees import REPO
 
+from k3rocm.patchtool.series import Series
 from k3rocm.patchtool.triage import TriageError
-from k3rocm.series import Series
 from k3rocm.supply_chain import sbom
 
 SERIES = Series(REPO / "patches")

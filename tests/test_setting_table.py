@@ -1,4 +1,4 @@
-"""The container's settings table (k3rocm.setting_table) is the one home of
+"""The container's settings table (k3rocm.common.setting_table) is the one home of
 every K3_* setting's default: README's container table and
 kimi-k3.env.example agree with it, the Dockerfile's ports and start period
 follow it, and no other module in src/ names one of its variables."""
@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from vllm_trees import REPO
 
-from k3rocm import setting_table
-from k3rocm.setting_table import (
+from k3rocm.common import setting_table
+from k3rocm.common.setting_table import (
     BY_ENV,
     BY_NAME,
     CONTAINER,
@@ -46,8 +46,8 @@ def test_every_setting_has_a_unique_variable_and_a_known_group():
 def test_readme_container_table_is_the_table():
     section = README.split("### Configuration", 1)[1].split("\n### ", 1)[0]
     assert markdown_table(CONTAINER) in section, (
-        "README's configuration table differs from k3rocm.setting_table; "
-        "paste `python -m k3rocm.setting_table`'s container table"
+        "README's configuration table differs from k3rocm.common.setting_table; "
+        "paste `python -m k3rocm.common.setting_table`'s container table"
     )
 
 
@@ -83,7 +83,7 @@ def test_dockerfile_follows_the_table():
     for setting in SETTINGS:
         assert f"{setting.env}=" not in DOCKERFILE or setting is (
             setting_table.IMAGE_TAG
-        ), f"{setting.env}'s default belongs in k3rocm.setting_table"
+        ), f"{setting.env}'s default belongs in k3rocm.common.setting_table"
 
 
 def test_no_other_module_names_a_setting_of_the_table():
@@ -91,7 +91,7 @@ def test_no_other_module_names_a_setting_of_the_table():
     by spelling the variable out again."""
     offenders = []
     for path in (REPO / "src" / "k3rocm").rglob("*.py"):
-        if path.name == "setting_table.py" and path.parent.name == "k3rocm":
+        if path.name == "setting_table.py" and path.parent.name == "common":
             continue
         for name in re.findall(r"""["'](K3_[A-Z0-9_]+)["']""", path.read_text()):
             if name in BY_ENV:
@@ -183,7 +183,7 @@ def test_owned_flags_come_from_the_rows():
     assert OWNED_DESTS["model_tag"] == "model"
 
 
-TABLE_MODULE = "k3rocm.setting_table"
+TABLE_MODULE = "k3rocm.common.setting_table"
 # Each row by its Python name in the table.
 ROW_NAMES = {
     id(value): name
@@ -194,7 +194,7 @@ ROW_NAMES = {
 
 def table_names_in(reader: str) -> tuple[set[str], set[str], set[str]]:
     """What a reader module (every module of a package) takes from
-    k3rocm.setting_table, as ``from k3rocm.setting_table import NAME`` or
+    k3rocm.common.setting_table, as ``from k3rocm.common.setting_table import NAME`` or
     ``setting_table.NAME``, the strings its code holds, and the attributes
     it reads of a LaunchSettings (``settings.NAME``)."""
     spec = importlib.util.find_spec(f"k3rocm.{reader}")

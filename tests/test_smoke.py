@@ -10,14 +10,14 @@ import time
 import pytest
 from vllm_trees import SERIES, copy_tree, installed_root, patched_tree
 
-from k3rocm.chunk_reference import CHUNK_SIZE
 from k3rocm.common.exit_codes import ExitCode
+from k3rocm.common.smoke_report import Stage
 from k3rocm.container.guard import Guard
+from k3rocm.smoke.chunk_reference import CHUNK_SIZE
 from k3rocm.smoke.kernel_checks import KERNEL_BATTERY, compare_with_reference
 from k3rocm.smoke.settings import Settings
 from k3rocm.smoke.stage1 import check_patch_marker, run_stage1
 from k3rocm.smoke.timeouts import run_with_timeout
-from k3rocm.smoke_report import Stage
 
 
 def statuses(stage: Stage) -> dict[str, str]:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from vllm_trees import REPO, installed_root
 
 from k3rocm.patchtool import unified_diff
-from k3rocm.series import Series
+from k3rocm.patchtool.series import Series
 
 SERIES = Series(REPO / "patches")
 ROOT = installed_root()

@@ -19,7 +19,7 @@ import pytest
 from vllm_trees import CACHE, REPO, UPSTREAM_TREE, installed_root
 
 from k3rocm.patchtool import triage as tr
-from k3rocm.series import Series
+from k3rocm.patchtool.series import Series
 
 SERIES = Series(REPO / "patches")
 TRIAGE_FILE = REPO / "patches" / tr.TRIAGE_NAME

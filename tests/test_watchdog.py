@@ -12,15 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from k3rocm.common.engine_progress import read_stall_mark, write_stall_mark
+from k3rocm.common.metric_names import ENGINE_REQUESTS, LAST_STEP
+from k3rocm.common.run_files import READY_MARK, STALL_MARK
+from k3rocm.common.setting_table import STALL_SECONDS
 from k3rocm.container import health, watchdog
-from k3rocm.contract import READY_MARK, STALL_MARK
-from k3rocm.engine_progress import (
-    ENGINE_REQUESTS_METRIC,
-    LAST_STEP_METRIC,
-    read_stall_mark,
-    write_stall_mark,
-)
-from k3rocm.setting_table import STALL_SECONDS
 
 STALL = 60.0
 
@@ -138,9 +134,9 @@ def test_judge_against_a_reference(looks):
 
 def test_reads_the_metrics_text_prometheus_client_writes():
     registry = CollectorRegistry()
-    last = Gauge(LAST_STEP_METRIC, "x", ["model_name", "engine"], registry=registry)
+    last = Gauge(LAST_STEP, "x", ["model_name", "engine"], registry=registry)
     requests = Gauge(
-        ENGINE_REQUESTS_METRIC,
+        ENGINE_REQUESTS,
         "x",
         ["model_name", "engine", "state"],
         registry=registry,

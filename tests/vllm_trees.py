@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from k3rocm.series import Series, default_series_dir
+from k3rocm.patchtool.series import Series, default_series_dir
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache"

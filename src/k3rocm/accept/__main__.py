@@ -21,8 +21,8 @@ from k3rocm.accept import report
 from k3rocm.accept.accuracy import ENDPOINTS, ask, ask_all
 from k3rocm.accept.arithmetic import problems, wilson
 from k3rocm.accept.bench import BenchError, Workload, run_bench
-from k3rocm.contract import BadAddress, api_base_url
-from k3rocm.setting_table import API_KEY_FILE, KDA_METADATA
+from k3rocm.common.api_address import BadAddress, api_base_url
+from k3rocm.common.setting_table import API_KEY_FILE, KDA_METADATA
 
 EXIT_PASS, EXIT_ACCURACY, EXIT_USAGE, EXIT_BENCH = 0, 1, 2, 3
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from k3rocm.accept.bench import FIGURES
 from k3rocm.accept.compose import AbError, Compose, default_compose
-from k3rocm.setting_table import KDA_METADATA, KDA_METADATA_PATHS
+from k3rocm.common.setting_table import KDA_METADATA, KDA_METADATA_PATHS
 
 DEVICE, LEGACY = KDA_METADATA_PATHS
 IN_CONTAINER_DIR = "/tmp/k3rocm-accept"

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from k3rocm.accept.report import REPORT_JSON
-from k3rocm.setting_table import KDA_METADATA
+from k3rocm.common.setting_table import KDA_METADATA
 
 
 class AbError(Exception):

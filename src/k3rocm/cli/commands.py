@@ -134,7 +134,7 @@ COMMANDS = (
     ),
     Command(
         "settings",
-        "k3rocm.setting_table",
+        "k3rocm.common.setting_table",
         DEVELOPER,
         "Print README's settings tables from the setting rows.",
     ),

@@ -29,7 +29,7 @@ import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from k3rocm.setting_table import API_ADMIN_ROUTES
+from k3rocm.common.setting_table import API_ADMIN_ROUTES
 
 KEY_ENV = "VLLM_API_KEY"
 OPEN_PATHS = frozenset({"/health", "/metrics"})

@@ -22,7 +22,7 @@ it ends.
 
 ``k3rocm.container.supervise run`` writes the mark on SIGTERM, waits with
 ``wait_drained`` until nothing is in flight or the deadline passes, and only
-then stops vLLM (see k3rocm.container.stop_budget).
+then stops vLLM (see k3rocm.common.stop_budget).
 """
 
 from __future__ import annotations
@@ -39,9 +39,13 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from k3rocm.contract import DRAIN_MARK, run_dir
+from k3rocm.common.metric_names import (
+    API_BODY_TIMEOUTS,
+    API_IN_FLIGHT,
+    API_REFUSED_DRAINING,
+)
+from k3rocm.common.run_files import DRAIN_MARK, run_dir
 
-IN_FLIGHT_METRIC = "k3rocm_api_requests_in_flight"
 # Paths that are neither counted nor refused: Prometheus keeps scraping.
 UNGUARDED_PATHS = frozenset({"/metrics"})
 RETRY_AFTER_SECONDS = 30
@@ -58,16 +62,16 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 IN_FLIGHT = Gauge(
-    IN_FLIGHT_METRIC,
+    API_IN_FLIGHT,
     "HTTP requests the API server has accepted and not yet answered in full.",
     multiprocess_mode="livesum",
 )
 REFUSED = Counter(
-    "k3rocm_api_requests_refused_draining",
+    API_REFUSED_DRAINING,
     "HTTP requests refused with 503 because the server is draining for a stop.",
 )
 BODY_TIMEOUTS = Counter(
-    "k3rocm_api_requests_body_timeouts",
+    API_BODY_TIMEOUTS,
     "HTTP requests answered 408 because their body did not arrive in time.",
 )
 
@@ -280,9 +284,7 @@ def requests_in_flight(metrics_url: str, timeout: float = 5) -> float | None:
         return None
     total = None
     for line in text.splitlines():
-        if line.startswith(IN_FLIGHT_METRIC) and not line.startswith(
-            IN_FLIGHT_METRIC + "_"
-        ):
+        if line.startswith(API_IN_FLIGHT) and not line.startswith(API_IN_FLIGHT + "_"):
             try:
                 total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
             except ValueError:

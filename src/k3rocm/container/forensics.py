@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from k3rocm.contract import STACK_SIGNAL, stack_handler_file
-from k3rocm.setting_table import FORENSICS_DIR
+from k3rocm.common.run_files import STACK_SIGNAL, stack_handler_file
 
 # A dump that takes longer than this is given up (the process may be in a
 # state py-spy cannot read); the next process is still dumped.
@@ -234,10 +233,6 @@ def capture(
         return None
     log(f"stacks kept in {path}")
     return path
-
-
-def forensics_dir(environ: dict[str, str] | os._Environ) -> Path:
-    return Path(FORENSICS_DIR.text(environ))
 
 
 def ptrace_capability() -> bytes:

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from k3rocm.common.exit_codes import ExitCode
-from k3rocm.container.forensics import capture, forensics_dir
-from k3rocm.container.node import Node, connected_to, node_from_env
-from k3rocm.contract import (
+from k3rocm.common.json_file import UnreadableJson, read_json_file
+from k3rocm.common.node import Node, connected_to, node_from_env
+from k3rocm.common.run_files import (
     DEATHS_FILE,
     DRAIN_MARK,
     READY_MARK,
@@ -35,8 +35,8 @@ from k3rocm.contract import (
     run_dir,
     smoke_report_path,
 )
-from k3rocm.json_file import UnreadableJson, read_json_file
-from k3rocm.setting_table import VLLM_MAX_RESTARTS
+from k3rocm.common.setting_table import FORENSICS_DIR, VLLM_MAX_RESTARTS
+from k3rocm.container.forensics import capture
 
 # A headless node whose connection to node 0 stays gone this long after it
 # joined has lost the job: its vLLM would wait for node 0 forever.
@@ -222,7 +222,7 @@ def capture_before_stopping(directory: Path, reason: str) -> None:
         group = int((directory / VLLM_GROUP_FILE).read_text())
     except (OSError, ValueError):
         return
-    capture(reason, group, forensics_dir(os.environ), log)
+    capture(reason, group, FORENSICS_DIR.read(os.environ), log)
 
 
 def listen() -> int:

@@ -2,7 +2,7 @@
 the smoke test has written its ready mark, no drain for a stop is under way
 and the stall watchdog has not found the engine stalled (k3rocm.container.watchdog).
 A headless node (no API server) is healthy when its ready mark is there and
-vLLM on it still runs connected to node 0 (k3rocm.container.node).
+vLLM on it still runs connected to node 0 (k3rocm.common.node).
 
     python -m k3rocm.container.health     exit 0 healthy, 1 not (one line says why)
 """
@@ -15,16 +15,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from k3rocm.container.node import Node, connected_to, headless_node, vllm_group_alive
-from k3rocm.contract import (
-    DRAIN_MARK,
-    READY_MARK,
-    BadAddress,
-    api_base_url,
-    run_dir,
-)
-from k3rocm.engine_progress import read_stall_mark
-from k3rocm.smoke_report import read_mark
+from k3rocm.common.api_address import BadAddress, api_base_url
+from k3rocm.common.engine_progress import read_stall_mark
+from k3rocm.common.node import Node, connected_to, headless_node, vllm_group_alive
+from k3rocm.common.run_files import DRAIN_MARK, READY_MARK, run_dir
+from k3rocm.common.smoke_report import read_mark
 
 
 def check(directory: Path, base_url: str) -> tuple[bool, str]:

@@ -28,7 +28,7 @@ Prometheus would see nothing of a start-up. supervisord's ``status`` program
     K3_STALL_SECONDS, the watchdog's stall time; the alert
     KimiK3EngineStalled compares the age of the engine's last step with it.
 
-The phase is read from the run directory (k3rocm.contract) and, between the
+The phase is read from the run directory (k3rocm.common.run_files) and, between the
 stage-1 gate and the ready mark, from vLLM's ``/health``, on every scrape.
 """
 
@@ -49,46 +49,47 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from k3rocm.common.api_address import BadAddress, api_base_url
 from k3rocm.common.exit_codes import ExitCode
-from k3rocm.contract import (
+from k3rocm.common.json_file import UnreadableJson, read_json_file, write_json_file
+from k3rocm.common.metric_names import (
+    CONTAINER_PHASE,
+    CONTAINER_PHASE_SECONDS,
+    CONTAINER_PHASES,
+    LOAD_ALERT_BOUND,
+    STAGE1_VERDICT,
+    STALL_BOUND,
+)
+from k3rocm.common.run_files import (
     DRAIN_MARK,
     PHASE_SINCE,
     READY_MARK,
     REASON_FILE,
     STAGE1_GATE,
-    BadAddress,
-    api_base_url,
     run_dir,
     smoke_report_path,
 )
-from k3rocm.json_file import UnreadableJson, read_json_file, write_json_file
-from k3rocm.setting_table import (
+from k3rocm.common.setting_table import (
     LOAD_ALERT_SECONDS,
     STALL_SECONDS,
     STATUS_HOST,
     STATUS_PORT,
     read_all,
 )
-from k3rocm.smoke_report import (
+from k3rocm.common.smoke_report import (
     VERDICT_FAIL,
     VERDICT_PASS,
     VERDICT_PENDING,
     read_mark,
     reported_verdict,
 )
-from k3rocm.states import Verdict
+from k3rocm.common.states import Verdict
 
-PHASES = ("stage1", "loading", "stage2", "serving", "draining", "stopping")
 # The settings this server reads.
 STATUS_SETTINGS = (STATUS_HOST, STATUS_PORT, LOAD_ALERT_SECONDS, STALL_SECONDS)
 # The one path this server answers.
 METRICS_PATH = "/metrics"
 # The metrics this server exports.
-PHASE_METRIC = "k3rocm_container_phase"
-PHASE_SECONDS_METRIC = "k3rocm_container_phase_seconds"
-STAGE1_VERDICT_METRIC = "k3rocm_smoke_stage1_verdict"
-LOAD_ALERT_BOUND = "k3rocm_container_load_alert_seconds"
-STALL_BOUND = "k3rocm_container_stall_seconds"
 
 
 def vllm_answers(base_url: str) -> bool:
@@ -183,22 +184,22 @@ class StartupCollector:
         with self.lock:
             seconds = max(0.0, time.time() - self.clock.began(phase))
         states = GaugeMetricFamily(
-            PHASE_METRIC,
+            CONTAINER_PHASE,
             "Start-up phase of the container: 1 for the current one.",
             labels=["phase"],
         )
-        for name in PHASES:
+        for name in CONTAINER_PHASES:
             states.add_metric([name], 1.0 if name == phase else 0.0)
         yield states
         in_phase = GaugeMetricFamily(
-            PHASE_SECONDS_METRIC,
+            CONTAINER_PHASE_SECONDS,
             "Seconds the container has been in its current phase.",
             labels=["phase"],
         )
         in_phase.add_metric([phase], seconds)
         yield in_phase
         yield GaugeMetricFamily(
-            STAGE1_VERDICT_METRIC,
+            STAGE1_VERDICT,
             "Smoke test stage 1: 1 pass, 0 fail, -1 not finished.",
             value=stage1_verdict(self.directory, self.report),
         )

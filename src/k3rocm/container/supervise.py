@@ -36,13 +36,9 @@ import sys
 import time
 from pathlib import Path
 
+from k3rocm.common.api_address import api_url
 from k3rocm.common.exit_codes import ExitCode
-from k3rocm.container.drain import wait_drained, write_drain_mark
-from k3rocm.container.guard import line_logger, listen
-from k3rocm.container.jit_locks import sweep as sweep_jit_locks
-from k3rocm.container.stop_budget import StopBudget
-from k3rocm.container.writable import problems as unwritable
-from k3rocm.contract import (
+from k3rocm.common.run_files import (
     DEATHS_FILE,
     DRAIN_MARK,
     READY_MARK,
@@ -53,12 +49,10 @@ from k3rocm.contract import (
     STALL_MARK,
     VLLM_GROUP_FILE,
     StopReason,
-    api_url,
     run_dir,
     smoke_report_path,
 )
-from k3rocm.launcher.__main__ import check as check_launch
-from k3rocm.setting_table import (
+from k3rocm.common.setting_table import (
     HOST,
     PORT,
     RUN_DIR,
@@ -71,6 +65,12 @@ from k3rocm.setting_table import (
     env_text,
     read_all,
 )
+from k3rocm.common.stop_budget import StopBudget
+from k3rocm.container.drain import wait_drained, write_drain_mark
+from k3rocm.container.guard import line_logger, listen
+from k3rocm.container.jit_locks import sweep as sweep_jit_locks
+from k3rocm.container.writable import problems as unwritable
+from k3rocm.launcher.preflight import check as check_launch
 
 # What `run` fills in for the config's %(ENV_...)s and its own programs.
 log = line_logger("k3rocm.container.supervise")
@@ -85,7 +85,7 @@ DEFAULTS = {
     )
 }
 # supervisord's wait between SIGTERM and SIGKILL for vLLM, derived from the
-# stop budget (k3rocm.container.stop_budget), for %(ENV_...)s in supervisord.conf.
+# stop budget (k3rocm.common.stop_budget), for %(ENV_...)s in supervisord.conf.
 STOPWAIT_ENV = "K3_VLLM_STOPWAIT_SECONDS"
 # What a previous start may have left behind; none of it holds for this one.
 _STALE = (

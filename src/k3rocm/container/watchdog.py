@@ -40,28 +40,28 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from k3rocm.common.api_address import api_base_url
+from k3rocm.common.engine_progress import utc, write_stall_mark
 from k3rocm.common.exit_codes import ExitCode
-from k3rocm.container.drain import IN_FLIGHT_METRIC
-from k3rocm.container.forensics import capture, forensics_dir
-from k3rocm.container.guard import line_logger, record_stop_reason, stop_supervisord
-from k3rocm.container.node import headless_node
-from k3rocm.contract import (
+from k3rocm.common.metric_names import API_IN_FLIGHT, ENGINE_REQUESTS, LAST_STEP
+from k3rocm.common.node import headless_node
+from k3rocm.common.run_files import (
     DRAIN_MARK,
     READY_MARK,
     REASON_FILE,
     STACK_HANDLERS,
     STALL_MARK,
     VLLM_GROUP_FILE,
-    api_base_url,
     run_dir,
 )
-from k3rocm.engine_progress import (
-    ENGINE_REQUESTS_METRIC,
-    LAST_STEP_METRIC,
-    utc,
-    write_stall_mark,
+from k3rocm.common.setting_table import (
+    API_KEY_FILE,
+    FORENSICS_DIR,
+    SERVED_MODEL_NAME,
+    STALL_SECONDS,
 )
-from k3rocm.setting_table import API_KEY_FILE, SERVED_MODEL_NAME, STALL_SECONDS
+from k3rocm.container.forensics import capture
+from k3rocm.container.guard import line_logger, record_stop_reason, stop_supervisord
 
 log = line_logger("k3rocm.container.watchdog")
 METRICS_TIMEOUT_SECONDS = 5
@@ -101,12 +101,12 @@ def parse_metrics(text: str) -> Look:
         for sample in family.samples:
             if not math.isfinite(sample.value):
                 continue
-            if sample.name == IN_FLIGHT_METRIC:
+            if sample.name == API_IN_FLIGHT:
                 in_flight += sample.value
-            elif sample.name == LAST_STEP_METRIC:
+            elif sample.name == LAST_STEP:
                 engine = sample.labels.get("engine", "0")
                 steps[engine] = max(steps.get(engine, 0.0), sample.value)
-            elif sample.name == ENGINE_REQUESTS_METRIC:
+            elif sample.name == ENGINE_REQUESTS:
                 key = (sample.labels.get("engine", "0"), sample.labels.get("state", ""))
                 requests[key] = requests.get(key, 0.0) + sample.value
     engines = {
@@ -266,7 +266,7 @@ def on_stall(directory: Path, stall: Stall, now: float, group: int | None) -> No
         capture(
             reason,
             group,
-            forensics_dir(os.environ),
+            FORENSICS_DIR.read(os.environ),
             log,
             handlers=directory / STACK_HANDLERS,
         )

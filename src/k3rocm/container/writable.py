@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3rocm.setting_table import FORENSICS_DIR, RUN_DIR
+from k3rocm.common.setting_table import FORENSICS_DIR, RUN_DIR
 
 
 @dataclass(frozen=True)

@@ -9,34 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from k3rocm.common.exit_codes import ExitCode
 from k3rocm.launcher.command import build_launch, dry_run_text
-from k3rocm.launcher.settings import LaunchSettings, raw_settings, resolve_all
-from k3rocm.launcher.validation import inspect_machine
-from k3rocm.setting_table import CONTAINER_SETTINGS, read_all
-
-
-def check(
-    argv: Sequence[str], environ: Mapping[str, str]
-) -> tuple[LaunchSettings, str | None, list[str]]:
-    """The settings, the API key and every problem with them: what the
-    container's start would refuse, its own settings included (so a dry run
-    reports all of it). ``k3rocm.container.supervise run`` asks this before
-    anything starts."""
-    raw, passthrough = raw_settings(argv, environ)
-    resolution = resolve_all(raw, passthrough)
-    settings = resolution.settings
-    # The machine is looked at even when settings are wrong, so one run
-    # reports every problem; checks building on a refused setting are skipped.
-    api_key, machine_problems = inspect_machine(settings, environ, resolution.invalid)
-    container_problems = read_all(environ, CONTAINER_SETTINGS)[1]
-    return (
-        settings,
-        api_key,
-        [
-            *resolution.problems,
-            *machine_problems,
-            *container_problems,
-        ],
-    )
+from k3rocm.launcher.preflight import check
 
 
 def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:

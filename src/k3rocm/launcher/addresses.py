@@ -9,7 +9,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-from k3rocm.container.node import master_addresses
+from k3rocm.common.node import master_addresses
 from k3rocm.launcher.messages import label, shown
 from k3rocm.launcher.settings import LaunchSettings
 

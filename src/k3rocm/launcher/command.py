@@ -8,16 +8,16 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from k3rocm.contract import vllm_metrics_args
-from k3rocm.launcher.settings import LaunchSettings
-from k3rocm.profiles import (
+from k3rocm.common.profiles import (
     AMD_ARGS,
     AMD_ENV,
     FEATURES,
     MultiNode,
     Profile,
 )
-from k3rocm.setting_table import KDA_METADATA
+from k3rocm.common.setting_table import KDA_METADATA
+from k3rocm.launcher.metrics_flags import vllm_metrics_args
+from k3rocm.launcher.settings import LaunchSettings
 
 API_KEY_ENV = "VLLM_API_KEY"
 DEFAULT_VLLM_COMMAND = ("vllm", "serve")

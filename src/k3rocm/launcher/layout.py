@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Set
 
+from k3rocm.common.profiles import MULTI_NODE_PROFILES, MultiNode, Profile
 from k3rocm.launcher.messages import label
-from k3rocm.profiles import MULTI_NODE_PROFILES, MultiNode, Profile
 
 # The node settings each kind of layout reads; given to another, they would
 # be silently ignored, so they are refused.

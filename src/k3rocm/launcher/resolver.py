@@ -8,8 +8,8 @@ import os
 import shlex
 from collections.abc import Mapping
 
+from k3rocm.common.setting_table import BY_NAME, Default, SettingError
 from k3rocm.launcher.messages import label, shown
-from k3rocm.setting_table import BY_NAME, Default, SettingError
 
 
 class Resolver:

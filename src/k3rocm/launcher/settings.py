@@ -11,12 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3rocm.container.stop_budget import StopBudget
-from k3rocm.launcher.layout import check_layout
-from k3rocm.launcher.messages import InvalidSettings, label, shown
-from k3rocm.launcher.owned_flags import owned_flag_problems
-from k3rocm.launcher.resolver import Resolver
-from k3rocm.profiles import (
+from k3rocm.common.profiles import (
     AMD_MAX_NUM_SEQS,
     DEFAULT_FEATURES,
     FEATURE_CONFLICTS,
@@ -24,8 +19,7 @@ from k3rocm.profiles import (
     PROFILES,
     Profile,
 )
-from k3rocm.series import shipped_series
-from k3rocm.setting_table import (
+from k3rocm.common.setting_table import (
     LAUNCHER_SETTINGS,
     MODEL,
     PROFILE,
@@ -35,6 +29,12 @@ from k3rocm.setting_table import (
     Names,
     Text,
 )
+from k3rocm.common.stop_budget import StopBudget
+from k3rocm.launcher.layout import check_layout
+from k3rocm.launcher.messages import InvalidSettings, label, shown
+from k3rocm.launcher.owned_flags import owned_flag_problems
+from k3rocm.launcher.resolver import Resolver
+from k3rocm.patchtool.series import shipped_series
 
 __all__ = [
     "InvalidSettings",

@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping, Set
 from pathlib import Path
 from typing import TypeVar
 
+from k3rocm.common.profiles import REQUIRED_AMD_ENV, MultiNode
 from k3rocm.launcher.addresses import check_node_addresses
 from k3rocm.launcher.messages import InvalidSettings, label, shown
 from k3rocm.launcher.settings import LaunchSettings
-from k3rocm.profiles import REQUIRED_AMD_ENV, MultiNode
 
 # A Hugging Face model id: a name, optionally under an owner.
 MODEL_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")

@@ -18,15 +18,15 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k3rocm.monitoring import names as m
-from k3rocm.setting_table import (
+from k3rocm.common.setting_table import (
     LOAD_ALERT_SECONDS,
     SMOKE_LOAD_TIMEOUT,
     STALL_SECONDS,
     STATUS_PORT,
 )
-from k3rocm.smoke_report import VERDICT_FAIL, VERDICT_PENDING
-from k3rocm.states import StepKind
+from k3rocm.common.smoke_report import VERDICT_FAIL, VERDICT_PENDING
+from k3rocm.common.states import StepKind
+from k3rocm.monitoring import names as m
 
 WARNING, CRITICAL = "warning", "critical"
 WRAP = 72  # folded text lines, indentation included

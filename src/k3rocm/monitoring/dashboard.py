@@ -24,8 +24,8 @@ from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as models
 from grafana_foundation_sdk.models import prometheus as prometheus_models
 
+from k3rocm.common.setting_table import STATUS_PORT
 from k3rocm.monitoring import names as m
-from k3rocm.setting_table import STATUS_PORT
 
 UID = "kimi-k3-rocm"
 DATASOURCE = models.DataSourceRef(type_val="prometheus", uid="${datasource}")

@@ -6,12 +6,24 @@ this by tests/test_monitoring.py.
 
 from __future__ import annotations
 
-from k3rocm import engine_progress
-from k3rocm.container import status
-from k3rocm.container.status import PHASES
-from k3rocm.plugin import build_info, smoke_verdict
-from k3rocm.smoke_report import VERDICT_FAIL, VERDICT_PASS, VERDICT_PENDING
-from k3rocm.states import StepKind
+# The k3rocm_ metrics they query (their one home; the exporters use it too).
+from k3rocm.common.metric_names import (  # noqa: F401 (used as names.X)
+    BUILD_INFO,
+    CONTAINER_PHASE,
+    CONTAINER_PHASE_SECONDS,
+    CONTAINER_PHASES,
+    CONTEXT_TOKENS,
+    ENGINE_REQUESTS,
+    GENERATION_TOKENS,
+    LAST_STEP,
+    LOAD_ALERT_BOUND,
+    SMOKE_VERDICT,
+    STALL_BOUND,
+    STEP_DURATION,
+    STEPS_TOTAL,
+)
+from k3rocm.common.smoke_report import VERDICT_FAIL, VERDICT_PASS, VERDICT_PENDING
+from k3rocm.common.states import StepKind
 
 # The scrape jobs of monitoring/prometheus.yml: vLLM's /metrics (ours and
 # vLLM's own), and the container's start-up endpoint (k3rocm.container.status), which
@@ -20,27 +32,13 @@ VLLM_JOB = "kimi-k3-vllm"
 CONTAINER_JOB = "kimi-k3-container"
 JOBS = (VLLM_JOB, CONTAINER_JOB)
 
-# The metrics plugin's step metrics (k3rocm.plugin.metrics).
-STEP_DURATION = engine_progress.STEP_DURATION_METRIC
-STEPS_TOTAL = engine_progress.STEPS_METRIC
-CONTEXT_TOKENS = engine_progress.CONTEXT_TOKENS_METRIC
-GENERATION_TOKENS = engine_progress.GENERATION_TOKENS_METRIC
-BUILD_INFO = build_info.NAME
-LAST_STEP = engine_progress.LAST_STEP_METRIC
-ENGINE_REQUESTS = engine_progress.ENGINE_REQUESTS_METRIC
-SMOKE_VERDICT = smoke_verdict.NAME
-# The container's start-up metrics (k3rocm.container.status).
-CONTAINER_PHASE = status.PHASE_METRIC
-CONTAINER_PHASE_SECONDS = status.PHASE_SECONDS_METRIC
-LOAD_ALERT_BOUND = status.LOAD_ALERT_BOUND
-STALL_BOUND = status.STALL_BOUND
 # vLLM's own.
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 REQUESTS_RUNNING = "vllm:num_requests_running"
 REQUESTS_WAITING = "vllm:num_requests_waiting"
 
 # The phases before serving: vLLM serves no HTTP in them.
-STARTUP_PHASES = PHASES[:3]
+STARTUP_PHASES = CONTAINER_PHASES[:3]
 STARTUP_PHASE_SELECTOR = f'phase=~"{"|".join(STARTUP_PHASES)}"'
 # Real steps only: data-parallel padding steps say nothing about latency.
 REAL_STEPS_SELECTOR = f'kind!="{StepKind.DUMMY}"'

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 from k3rocm.patchtool.lock import Refusal
-from k3rocm.series import MARKER_NAME, Series
+from k3rocm.patchtool.series import MARKER_NAME, Series
 
 
 def build_marker(series: Series, vllm_version: str, new_files: dict[str, bytes]):

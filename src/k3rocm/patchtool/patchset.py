@@ -24,12 +24,12 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from k3rocm.common.states import PatchState
 from k3rocm.patchtool import unified_diff
 from k3rocm.patchtool.journal import locked_and_recovered, pending_journal, write_files
 from k3rocm.patchtool.lock import Refusal
 from k3rocm.patchtool.marker import build_marker, read_marker
-from k3rocm.series import MARKER_NAME, Series, SeriesError, default_series_dir
-from k3rocm.states import PatchState
+from k3rocm.patchtool.series import MARKER_NAME, Series, SeriesError, default_series_dir
 
 EXIT_OK, EXIT_REFUSED, EXIT_UPSTREAM = 0, 1, 3
 _VERSION_RE = re.compile(

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from k3rocm.patchtool.lock import Refusal
 from k3rocm.patchtool.patchset import find_installed_target, read_vllm_version
-from k3rocm.series import Series, SeriesError, default_series_dir
+from k3rocm.patchtool.series import Series, SeriesError, default_series_dir
 
 TRIAGE_NAME = "upstream-triage.toml"
 KINDS = ("fix", "performance", "feature", "refactor")

@@ -18,16 +18,20 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from k3rocm.json_file import UnreadableJson, read_json_file
+from k3rocm.common.json_file import UnreadableJson, read_json_file
+from k3rocm.common.metric_names import BUILD_INFO
+from k3rocm.common.setting_table import IMAGE_TAG, KDA_METADATA, KDA_METADATA_PATHS
+from k3rocm.common.states import PatchState
 from k3rocm.patchtool.patchset import Refusal, find_installed_target, inspect
-from k3rocm.rocm import DEFAULT_ROCM_ROOT, RocmVersionError, read_rocm_version
-from k3rocm.series import MARKER_NAME, Series, SeriesError, default_series_dir
-from k3rocm.setting_table import IMAGE_TAG, KDA_METADATA, KDA_METADATA_PATHS
-from k3rocm.states import PatchState
+from k3rocm.patchtool.series import MARKER_NAME, Series, SeriesError, default_series_dir
+from k3rocm.supply_chain.rocm import (
+    DEFAULT_ROCM_ROOT,
+    RocmVersionError,
+    read_rocm_version,
+)
 
 log = logging.getLogger(__name__)
 
-NAME = "k3rocm_build_info"
 DOCUMENTATION = (
     "Build of this server: vLLM version, patch series, image, ROCm, and the "
     "KDA metadata path it runs."
@@ -114,8 +118,7 @@ def rocm_version(rocm_root: Path = DEFAULT_ROCM_ROOT) -> str:
 
 
 def build_info_labels() -> dict[str, str]:
-    # Imported here, not above: the monitoring generators read NAME from this
-    # module and run where vLLM is not installed.
+    # Imported here, not above: importing this module needs no vLLM.
     import vllm
 
     return {
@@ -139,7 +142,11 @@ def install_build_info(
     reach /metrics; every API server sets the same labels to 1 ("max")."""
     labels = build_info_labels() if labels is None else labels
     gauge = Gauge(
-        NAME, DOCUMENTATION, list(labels), multiprocess_mode="max", registry=registry
+        BUILD_INFO,
+        DOCUMENTATION,
+        list(labels),
+        multiprocess_mode="max",
+        registry=registry,
     )
     gauge.labels(**labels).set(1)
     return gauge

@@ -61,18 +61,18 @@ from vllm.v1.metrics.stats import (
     SchedulerStats,
 )
 
-from k3rocm.contract import smoke_report_path
-from k3rocm.engine_progress import (
-    CONTEXT_TOKENS_METRIC,
-    ENGINE_REQUESTS_METRIC,
-    GENERATION_TOKENS_METRIC,
-    LAST_STEP_METRIC,
-    STEP_DURATION_METRIC,
-    STEPS_METRIC,
+from k3rocm.common.metric_names import (
+    CONTEXT_TOKENS,
+    ENGINE_REQUESTS,
+    GENERATION_TOKENS,
+    LAST_STEP,
+    STEP_DURATION,
+    STEPS_TOTAL,
 )
+from k3rocm.common.run_files import smoke_report_path
+from k3rocm.common.states import StepKind
 from k3rocm.plugin.build_info import install_build_info
 from k3rocm.plugin.smoke_verdict import install_smoke_verdict
-from k3rocm.states import StepKind
 
 # From a 1 ms decode step on a small batch to prefill steps of many seconds
 # (a large token budget deep into a long context, or a stalled device).
@@ -98,26 +98,26 @@ class StepMetrics:
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.step_duration = Histogram(
-            STEP_DURATION_METRIC,
+            STEP_DURATION,
             "Wall time of one vLLM engine step, by step kind.",
             STEP_LABELS,
             buckets=STEP_DURATION_BUCKETS,
             registry=registry,
         )
         self.context_tokens = Counter(
-            CONTEXT_TOKENS_METRIC,
+            CONTEXT_TOKENS,
             "Prompt (context) tokens scheduled in engine steps, by step kind.",
             STEP_LABELS,
             registry=registry,
         )
         self.generation_tokens = Counter(
-            GENERATION_TOKENS_METRIC,
+            GENERATION_TOKENS,
             "Generation tokens scheduled in engine steps, by step kind.",
             STEP_LABELS,
             registry=registry,
         )
         self.steps = Counter(
-            STEPS_METRIC,
+            STEPS_TOTAL,
             "Engine steps, by step kind (dummy: data-parallel padding steps).",
             STEP_LABELS,
             registry=registry,
@@ -125,14 +125,14 @@ class StepMetrics:
         # In multiprocess mode every API server process hears of the engine's
         # steps: the newest time and the newest counts are the engine's.
         self.last_step = Gauge(
-            LAST_STEP_METRIC,
+            LAST_STEP,
             "Unix time of the engine's last step as this server heard of it.",
             ENGINE_LABELS,
             registry=registry,
             multiprocess_mode="max",
         )
         self.requests = Gauge(
-            ENGINE_REQUESTS_METRIC,
+            ENGINE_REQUESTS,
             "Requests the engine's scheduler held at its last step, by state.",
             (*ENGINE_LABELS, "state"),
             registry=registry,

@@ -15,8 +15,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
-from k3rocm.json_file import UnreadableJson, read_json_file
-from k3rocm.smoke_report import VERDICT_PENDING, reported_verdict
+from k3rocm.common.json_file import UnreadableJson, read_json_file
+from k3rocm.common.metric_names import SMOKE_VERDICT
+from k3rocm.common.smoke_report import VERDICT_PENDING, reported_verdict
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,6 @@ log = logging.getLogger(__name__)
 # interval worth using).
 VERDICT_REFRESH_SECONDS = 5.0
 
-NAME = "k3rocm_smoke_verdict"
 DOCUMENTATION = (
     "Smoke test verdict on the stall-free prefill path: "
     "1 pass, 0 fail, -1 no verdict yet."
@@ -65,7 +65,7 @@ class SmokeVerdictCollector:
 
     @staticmethod
     def _family(value: int) -> GaugeMetricFamily:
-        return GaugeMetricFamily(NAME, DOCUMENTATION, value=value)
+        return GaugeMetricFamily(SMOKE_VERDICT, DOCUMENTATION, value=value)
 
 
 def refresh_verdict(
@@ -96,7 +96,10 @@ class VerdictRefresher:
         interval: float = VERDICT_REFRESH_SECONDS,
     ):
         self.gauge = Gauge(
-            NAME, DOCUMENTATION, multiprocess_mode="mostrecent", registry=registry
+            SMOKE_VERDICT,
+            DOCUMENTATION,
+            multiprocess_mode="mostrecent",
+            registry=registry,
         )
         self.stop = threading.Event()
         # A daemon: it lives as long as the API server process.

@@ -22,7 +22,12 @@ import faulthandler
 import os
 from typing import BinaryIO
 
-from k3rocm.contract import STACK_HANDLERS, STACK_SIGNAL, run_dir, stack_handler_file
+from k3rocm.common.run_files import (
+    STACK_HANDLERS,
+    STACK_SIGNAL,
+    run_dir,
+    stack_handler_file,
+)
 
 # The registration of this process: (pid, file). A forked child inherits the
 # parent's handler and this record; its pid tells it to register its own.

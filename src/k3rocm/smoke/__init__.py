@@ -27,14 +27,15 @@ One job per module: ``settings`` (the environment), ``stage1`` (patch
 marker, Kimi backend), ``kernel_checks`` (the device kernel against the
 reference, no device sync), ``kda_numerics`` (the KDA ops against
 ``kda_reference``, the float64 reference; ``interpreter`` lets them run in
-the Triton interpreter),
+the Triton interpreter), ``chunk_reference`` (the chunk metadata written
+out in plain Python, which the device kernel is checked against),
 ``http`` (the API client), ``stage2`` (completion and prefill metrics),
 ``timeouts`` (each stage under its timeout), ``policy`` (verdict, ready mark
 and exit code by ``K3_SMOKE_ON_FAILURE``) and ``__main__`` (the command).
 """
 
 # What docs/benchmarks.md runs on a GPU host (`from k3rocm import smoke`).
-from k3rocm.chunk_reference import CHUNK_SIZE
+from k3rocm.smoke.chunk_reference import CHUNK_SIZE
 from k3rocm.smoke.kernel_checks import (
     KERNEL_BATTERY,
     compare_with_reference,

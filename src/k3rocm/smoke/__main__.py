@@ -8,16 +8,16 @@ import os
 import sys
 
 import k3rocm.smoke
-from k3rocm.container.node import headless_node
-from k3rocm.series import Series, default_series_dir
+from k3rocm.common.node import headless_node
+from k3rocm.common.smoke_report import Report, Stage, write_mark
+from k3rocm.common.states import FailurePolicy, Verdict
+from k3rocm.patchtool.series import Series, default_series_dir
 from k3rocm.smoke.headless import run_headless_stage2
 from k3rocm.smoke.policy import finish
 from k3rocm.smoke.settings import Settings
 from k3rocm.smoke.stage1 import run_stage1
 from k3rocm.smoke.stage2 import run_stage2
 from k3rocm.smoke.timeouts import exit_code, run_with_timeout
-from k3rocm.smoke_report import Report, Stage, write_mark
-from k3rocm.states import FailurePolicy, Verdict
 
 
 def main(argv: list[str] | None = None) -> int:

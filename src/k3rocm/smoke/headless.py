@@ -1,14 +1,14 @@
 """Stage 2 on a headless node (no API server here): vLLM runs and has joined
-node 0 (see k3rocm.container.node for what that means and why it suffices)."""
+node 0 (see k3rocm.common.node for what that means and why it suffices)."""
 
 from __future__ import annotations
 
 import time
 
-from k3rocm.container.node import Node, connected_to, vllm_group_alive
+from k3rocm.common.node import Node, connected_to, vllm_group_alive
+from k3rocm.common.smoke_report import Stage
+from k3rocm.common.states import Verdict
 from k3rocm.smoke.settings import Settings
-from k3rocm.smoke_report import Stage
-from k3rocm.states import Verdict
 
 POLL_SECONDS = 2
 

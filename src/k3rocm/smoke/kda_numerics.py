@@ -32,10 +32,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from k3rocm.chunk_reference import cu_seqlens_of
+from k3rocm.common.smoke_report import Stage
+from k3rocm.common.states import Verdict
 from k3rocm.smoke import kda_reference as ref
-from k3rocm.smoke_report import Stage
-from k3rocm.states import Verdict
+from k3rocm.smoke.chunk_reference import cu_seqlens_of
 
 DECODES = 3
 PREFILLS = (65, 5, 0)  # across a chunk boundary, a short one, padding

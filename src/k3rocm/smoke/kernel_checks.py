@@ -8,9 +8,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
-from k3rocm.chunk_reference import CHUNK_SIZE, cu_seqlens_of, reference_chunk_metadata
-from k3rocm.smoke_report import Stage
-from k3rocm.states import Verdict
+from k3rocm.common.smoke_report import Stage
+from k3rocm.common.states import Verdict
+from k3rocm.smoke.chunk_reference import (
+    CHUNK_SIZE,
+    cu_seqlens_of,
+    reference_chunk_metadata,
+)
 
 # Sequence lengths of the kernel battery: what the upstream reviewers asked
 # about (empty sequences anywhere, mixed prefill/decode batches, more

@@ -9,11 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from k3rocm.container.forensics import forensics_dir
-from k3rocm.setting_table import FORENSICS_DIR
+from k3rocm.common.setting_table import FORENSICS_DIR
+from k3rocm.common.smoke_report import Report, now, write_mark
+from k3rocm.common.states import FailurePolicy, Verdict
 from k3rocm.smoke.settings import Settings
-from k3rocm.smoke_report import Report, now, write_mark
-from k3rocm.states import FailurePolicy, Verdict
 
 
 def keep_report(report: Report, directory: Path, run_report: Path) -> None:
@@ -52,7 +51,7 @@ def finish(report: Report, settings: Settings, serving: bool) -> int:
     report.finished_at = now()
     if failed:
         # The run directory is wiped at the next start.
-        keep_report(report, forensics_dir(os.environ), settings.report)
+        keep_report(report, FORENSICS_DIR.read(os.environ), settings.report)
     report.write(settings.report)
     if serving and (not failed or settings.policy == FailurePolicy.WARN):
         write_mark(settings.ready_mark, report.verdict)

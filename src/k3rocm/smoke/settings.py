@@ -1,5 +1,5 @@
 """The smoke test's settings, read from the container's environment (their
-defaults: k3rocm.setting_table)."""
+defaults: k3rocm.common.setting_table)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3rocm.contract import (
-    READY_MARK,
-    STAGE1_GATE,
-    api_base_url,
-    run_dir,
-    smoke_report_path,
-)
-from k3rocm.setting_table import (
+from k3rocm.common.api_address import api_base_url
+from k3rocm.common.run_files import READY_MARK, STAGE1_GATE, run_dir, smoke_report_path
+from k3rocm.common.setting_table import (
     API_KEY_FILE,
     SMOKE_LOAD_TIMEOUT,
     SMOKE_ON_FAILURE,
     SMOKE_STAGE1_TIMEOUT,
     SMOKE_STAGE2_TIMEOUT,
 )
-from k3rocm.states import FailurePolicy
+from k3rocm.common.states import FailurePolicy
 
 
 @dataclass(frozen=True)

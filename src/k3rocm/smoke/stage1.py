@@ -7,17 +7,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from k3rocm.common.setting_table import KDA_METADATA, KDA_METADATA_PATHS
+from k3rocm.common.smoke_report import Stage
+from k3rocm.common.states import PatchState, Verdict
 from k3rocm.patchtool import patchset
-from k3rocm.series import Series
-from k3rocm.setting_table import KDA_METADATA, KDA_METADATA_PATHS
+from k3rocm.patchtool.series import Series
 from k3rocm.smoke.kda_numerics import check_kda_numerics
 from k3rocm.smoke.kernel_checks import (
     check_kernel_battery,
     check_no_sync,
     kernel_device,
 )
-from k3rocm.smoke_report import Stage
-from k3rocm.states import PatchState, Verdict
 
 BACKEND_NAME = "KIMI_K3_KDA_ROCM"
 # What the layer resolves to with K3_KDA_METADATA=legacy: vLLM 0.27.1's own.

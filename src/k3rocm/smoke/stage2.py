@@ -10,18 +10,19 @@ import json
 import time
 import urllib.error
 
-from k3rocm.chunk_reference import CHUNK_SIZE
+from k3rocm.common.metric_names import STEP_DURATION
+from k3rocm.common.smoke_report import Stage
+from k3rocm.common.states import PREFILL_KINDS, Verdict
+from k3rocm.smoke.chunk_reference import CHUNK_SIZE
 from k3rocm.smoke.http import Http, wait_for_health
 from k3rocm.smoke.settings import Settings
-from k3rocm.smoke_report import Stage
-from k3rocm.states import PREFILL_KINDS, Verdict
 
 # The completion's prompt spans at least this many 64-token chunks.
 PROMPT_CHUNKS = 4
 PROMPT_SENTENCE = "the quick brown fox jumps over the lazy dog and runs far away "
 # The metrics plugin's step histogram; steps that prefill are `prefill` or
 # `mixed` (prefill and decode together).
-STEP_COUNT_METRIC = "k3rocm_engine_step_duration_seconds_count"
+STEP_COUNT_METRIC = f"{STEP_DURATION}_count"
 
 
 def prefill_step_samples(metrics_text: str) -> float:

@@ -9,8 +9,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from k3rocm.smoke_report import Stage
-from k3rocm.states import Verdict
+from k3rocm.common.smoke_report import Stage
+from k3rocm.common.states import Verdict
 
 
 def run_with_timeout(

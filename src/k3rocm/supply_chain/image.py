@@ -22,10 +22,14 @@ import platform
 import sys
 from pathlib import Path
 
+from k3rocm.common.states import PatchState
 from k3rocm.patchtool import patchset
-from k3rocm.rocm import DEFAULT_ROCM_ROOT, RocmVersionError, read_rocm_version
-from k3rocm.series import Series, default_series_dir, shipped_series
-from k3rocm.states import PatchState
+from k3rocm.patchtool.series import Series, default_series_dir, shipped_series
+from k3rocm.supply_chain.rocm import (
+    DEFAULT_ROCM_ROOT,
+    RocmVersionError,
+    read_rocm_version,
+)
 
 # The base image the series is verified against (vLLM's ROCm image of the
 # series' vLLM version, patches/series.toml), and the ROCm release in it.

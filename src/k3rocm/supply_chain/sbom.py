@@ -25,8 +25,8 @@ from importlib import metadata as md
 from pathlib import Path
 from urllib.parse import quote
 
+from k3rocm.patchtool.series import Series, default_series_dir
 from k3rocm.patchtool.triage import TRIAGE_NAME, Entry, TriageError, load_triage
-from k3rocm.series import Series, default_series_dir
 
 SPEC_VERSION = "1.6"
 DPKG_STATUS = Path("/var/lib/dpkg/status")

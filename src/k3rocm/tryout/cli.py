@@ -41,8 +41,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from k3rocm.series import shipped_series
-from k3rocm.setting_table import MODEL, STOP_GRACE_SECONDS
+from k3rocm.common.setting_table import MODEL, STOP_GRACE_SECONDS
+from k3rocm.patchtool.series import shipped_series
 from k3rocm.supply_chain.image import image_tag
 from k3rocm.tryout.cpu import CPU_SETTINGS, SERVER, SERVICES
 

@@ -1,8 +1,8 @@
 """What makes a cpu-dev server of the tiny model (no YAML needed: the host
 side of the try-out runs on any Python 3.11)."""
 
-from k3rocm.setting_table import EXTRA_ARGS, PROFILE, SMOKE_LOAD_TIMEOUT
-from k3rocm.setting_table import MAX_MODEL_LEN as MAX_MODEL_LEN_SETTING
+from k3rocm.common.setting_table import EXTRA_ARGS, PROFILE, SMOKE_LOAD_TIMEOUT
+from k3rocm.common.setting_table import MAX_MODEL_LEN as MAX_MODEL_LEN_SETTING
 
 MAX_MODEL_LEN = 512
 # Flags that make the tiny model (k3rocm.tryout.tiny_model) start quickly on

@@ -10,14 +10,8 @@ import os
 import time
 from pathlib import Path
 
-from k3rocm.contract import STALL_MARK
+from k3rocm.common.run_files import STALL_MARK
 
-STEP_DURATION_METRIC = "k3rocm_engine_step_duration_seconds"
-STEPS_METRIC = "k3rocm_engine_steps_total"
-CONTEXT_TOKENS_METRIC = "k3rocm_engine_step_context_tokens_total"
-GENERATION_TOKENS_METRIC = "k3rocm_engine_step_generation_tokens_total"
-LAST_STEP_METRIC = "k3rocm_engine_last_step_timestamp_seconds"
-ENGINE_REQUESTS_METRIC = "k3rocm_engine_requests"
 REQUEST_STATES = ("running", "waiting")
 
 

@@ -5,7 +5,7 @@ through its row (``Setting.read``, or ``read_all`` for every problem at
 once): this is the only parser of settings. README's tables,
 kimi-k3.env.example, the launcher's options and owned flags and compose's
 allow-list come from these rows or are checked against them
-(tests/test_setting_table.py); ``python -m k3rocm.setting_table`` prints
+(tests/test_setting_table.py); ``python -m k3rocm.common.setting_table`` prints
 README's tables.
 
 A default of None means no fixed value (unset, or worked out at run time);
@@ -19,14 +19,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k3rocm.profiles import (
+from k3rocm.common.profiles import (
     AMD_MAX_NUM_SEQS,
     DEFAULT_FEATURES,
     DEFAULT_PROFILE,
     FEATURES,
     PROFILES,
 )
-from k3rocm.states import FailurePolicy
+from k3rocm.common.states import FailurePolicy
 
 Default = int | float | str | Path | tuple[str, ...] | bool | None
 
@@ -271,7 +271,7 @@ PROFILE = _launcher(
     "Parallel layout: " + ", ".join(PROFILES) + ".",
     kind=OneOf(tuple(PROFILES), "profile"),
     owns=("--tensor-parallel-size", "-tp", "--data-parallel-size", "-dp"),
-    readers=("launcher", "container.node"),
+    readers=("launcher", "common.node"),
 )
 FEATURES_SETTING = _launcher(
     "features",
@@ -303,7 +303,7 @@ HOST = _launcher(
     "0.0.0.0",
     "Address the API listens on.",
     owns=("--host",),
-    readers=("launcher", "contract", "container.supervise"),
+    readers=("launcher", "common.api_address", "container.supervise"),
 )
 PORT = _launcher(
     "port",
@@ -311,7 +311,7 @@ PORT = _launcher(
     "Port the API listens on.",
     kind=Whole(1, 65535),
     owns=("--port",),
-    readers=("launcher", "contract", "container.supervise"),
+    readers=("launcher", "common.api_address", "container.supervise"),
 )
 API_KEY_FILE = _launcher(
     "api_key_file",
@@ -346,7 +346,7 @@ NODE_RANK = _launcher(
     shown="none",
     kind=Whole(0),
     owns=("--node-rank", "-r", "--headless"),
-    readers=("launcher", "container.node"),
+    readers=("launcher", "common.node"),
 )
 MASTER_ADDR = _launcher(
     "master_addr",
@@ -354,7 +354,7 @@ MASTER_ADDR = _launcher(
     "Address of node 0, reachable from every node; required by tep16 and dep16.",
     shown="none",
     owns=("--master-addr",),
-    readers=("launcher", "container.node"),
+    readers=("launcher", "common.node"),
 )
 MASTER_PORT = _launcher(
     "master_port",
@@ -362,7 +362,7 @@ MASTER_PORT = _launcher(
     "Port on node 0 the nodes meet on (tep16, dep16).",
     kind=Whole(1, 65535),
     owns=("--master-port",),
-    readers=("launcher", "container.node"),
+    readers=("launcher", "common.node"),
 )
 GPU_COUNT = _launcher(
     "gpu_count",
@@ -500,7 +500,7 @@ STALL_SECONDS = Setting(
     300,
     "Seconds without an engine step while requests are pending after which "
     "the engine counts as stalled: stacks are captured, the container exits "
-    '5 (README, "When the engine stalls").',
+    '5 (see "When the engine stalls").',
     CONTAINER,
     kind=Whole(5, 24 * 3600),
     readers=("container.watchdog", "container.status", "monitoring.alerts"),
@@ -514,7 +514,7 @@ FORENSICS_DIR = Setting(
     "outlive the container).",
     CONTAINER,
     kind=FilePath(),
-    readers=("container.forensics", "container.writable"),
+    readers=("container.guard", "container.watchdog", "container.writable", "smoke"),
 )
 # The ROCm Kimi KDA layer's chunk metadata: built on the GPU by the series
 # (the stall-free prefill path), or vLLM 0.27.1's own build (its `.tolist()`
@@ -528,7 +528,7 @@ KDA_METADATA = Setting(
     "`device`: the series' stall-free prefill path (KDA chunk metadata built "
     "on the GPU). `legacy`: vLLM 0.27.1's own metadata path, stall included "
     "(with the series' correctness fixes), to compare one image against "
-    'itself (README, "Check it on your hardware").',
+    'itself (see "Check it on your hardware").',
     CONTAINER,
     kind=OneOf(KDA_METADATA_PATHS),
     readers=("smoke", "plugin.build_info", "launcher", "accept"),
@@ -555,7 +555,7 @@ RUN_DIR = Setting(
     'The container\'s runtime directory (docs/container.md, "The run directory").',
     IMAGE,
     kind=FilePath(),
-    readers=("contract", "container.supervise", "container.writable"),
+    readers=("common.run_files", "container.supervise", "container.writable"),
 )
 SMOKE_REPORT = Setting(
     "smoke_report",
@@ -565,7 +565,7 @@ SMOKE_REPORT = Setting(
     IMAGE,
     shown='in K3_RUN_DIR (docs/container.md, "The run directory")',
     kind=FilePath(),
-    readers=("contract", "container.supervise"),
+    readers=("common.run_files", "container.supervise"),
 )
 SUPERVISORD_CONF = Setting(
     "supervisord_conf",

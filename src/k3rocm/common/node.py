@@ -25,9 +25,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3rocm.contract import VLLM_GROUP_FILE
-from k3rocm.profiles import PROFILES, MultiNode
-from k3rocm.setting_table import MASTER_ADDR, MASTER_PORT, NODE_RANK, PROFILE
+from k3rocm.common.profiles import PROFILES, MultiNode
+from k3rocm.common.run_files import VLLM_GROUP_FILE
+from k3rocm.common.setting_table import MASTER_ADDR, MASTER_PORT, NODE_RANK, PROFILE
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 # /proc/net/tcp's state code of an established connection.

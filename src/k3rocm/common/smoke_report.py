@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from k3rocm.states import FailurePolicy, Verdict
+from k3rocm.common.states import FailurePolicy, Verdict
 
 # A verdict as a gauge shows it.
 VERDICT_PASS, VERDICT_FAIL, VERDICT_PENDING = 1, 0, -1

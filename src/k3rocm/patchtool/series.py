@@ -23,7 +23,7 @@ def default_series_dir() -> Path:
     packaged = Path(str(resources.files("k3rocm"))) / "patches"
     if (packaged / "series.toml").is_file():
         return packaged
-    return Path(__file__).resolve().parents[2] / "patches"
+    return Path(__file__).resolve().parents[3] / "patches"
 
 
 @dataclass(frozen=True)

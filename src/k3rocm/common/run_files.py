@@ -1,6 +1,6 @@
-"""Names the launcher, the metrics plugin, the smoke test and the container's
-processes share: the run directory's files (RUN_FILES, README's table "The
-run directory"), the API's address, the metrics flags."""
+"""The container's run directory (K3_RUN_DIR): the files its processes
+share (RUN_FILES, docs/container.md's table "The run directory"), where the
+smoke report goes, and the stack handlers' files."""
 
 from __future__ import annotations
 
@@ -11,13 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3rocm.setting_table import (
-    HOST,
-    PORT,
-    RUN_DIR,
-    SMOKE_REPORT,
-    SettingError,
-)
+from k3rocm.common.setting_table import RUN_DIR, SMOKE_REPORT
 
 
 def smoke_report_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -25,29 +19,6 @@ def smoke_report_path(environ: Mapping[str, str] | None = None) -> Path:
     default in the run directory (SMOKE_REPORT_NAME below)."""
     environ = os.environ if environ is None else environ
     return SMOKE_REPORT.read(environ) or run_dir(environ) / SMOKE_REPORT_NAME
-
-
-# vLLM flags the step-latency metrics plugin (k3rocm.plugin.metrics) needs, for a
-# server whose one API server runs in the `vllm serve` process (the default
-# when data-parallel size is 1): iteration details feed the plugin, and
-# --disable-log-stats drops vLLM's logging stat logger, which would otherwise
-# log every step at INFO; the installed plugin keeps stats collection, the
-# plugin's feed and vLLM's `vllm:` metrics on (checked on 0.27.1).
-VLLM_METRICS_ARGS = ("--enable-logging-iteration-details", "--disable-log-stats")
-# The same for every other layout: several API servers (--api-server-count > 1,
-# or data parallel, which defaults it to the data-parallel size) and headless
-# nodes. There `vllm serve` starts the engine cores itself with
-# --disable-log-stats taken literally, so the engines would send no scheduler
-# stats: no plugin metrics and no `vllm:` running/waiting/KV-cache gauges.
-# Nothing logs per step there anyway: vLLM drops its logging stat logger when
-# it runs several API servers, and headless nodes log no stats.
-VLLM_METRICS_ARGS_MULTIPROCESS = ("--enable-logging-iteration-details",)
-
-
-def vllm_metrics_args(*, single_api_server: bool) -> tuple[str, ...]:
-    """The metrics flags for a `vllm serve` command that runs one API server
-    in its own process (True) or several API servers or none (False)."""
-    return VLLM_METRICS_ARGS if single_api_server else VLLM_METRICS_ARGS_MULTIPROCESS
 
 
 @dataclass(frozen=True)
@@ -198,37 +169,6 @@ def run_files_table() -> str:
 
 def run_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(RUN_DIR.text(os.environ if environ is None else environ))
-
-
-# Where vLLM's API server listens (the launcher's K3_HOST / K3_PORT), as the
-# processes in the same container reach it.
-_ANY_ADDRESS = {"", "0.0.0.0", "::", "[::]"}
-
-
-class BadAddress(ValueError):
-    """K3_HOST / K3_PORT cannot be turned into a URL; the message says why."""
-
-
-def api_base_url(environ: Mapping[str, str]) -> str:
-    """``http://HOST:PORT`` of the API server (api_url of K3_HOST and
-    K3_PORT)."""
-    host = HOST.read(environ)
-    try:
-        port = PORT.read(environ)
-    except SettingError as err:
-        raise BadAddress(str(err)) from None
-    return api_url(host, port)
-
-
-def api_url(host: str, port: int) -> str:
-    """``http://HOST:PORT`` of an API server listening on host and port:
-    loopback when it listens on every address, else the address it listens
-    on."""
-    if host in _ANY_ADDRESS:
-        host = "127.0.0.1"
-    elif ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host}:{port}"
 
 
 @dataclass(frozen=True)

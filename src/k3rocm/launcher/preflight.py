@@ -1,0 +1,36 @@
+"""Everything the launcher checks before vLLM starts, as a library: the
+launcher's main runs it, and so does the container's start
+(``k3rocm.container.supervise run``) before anything loads."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from k3rocm.common.setting_table import CONTAINER_SETTINGS, read_all
+from k3rocm.launcher.settings import LaunchSettings, raw_settings, resolve_all
+from k3rocm.launcher.validation import inspect_machine
+
+
+def check(
+    argv: Sequence[str], environ: Mapping[str, str]
+) -> tuple[LaunchSettings, str | None, list[str]]:
+    """The settings, the API key and every problem with them: what the
+    container's start would refuse, its own settings included (so a dry run
+    reports all of it). ``k3rocm.container.supervise run`` asks this before
+    anything starts."""
+    raw, passthrough = raw_settings(argv, environ)
+    resolution = resolve_all(raw, passthrough)
+    settings = resolution.settings
+    # The machine is looked at even when settings are wrong, so one run
+    # reports every problem; checks building on a refused setting are skipped.
+    api_key, machine_problems = inspect_machine(settings, environ, resolution.invalid)
+    container_problems = read_all(environ, CONTAINER_SETTINGS)[1]
+    return (
+        settings,
+        api_key,
+        [
+            *resolution.problems,
+            *machine_problems,
+            *container_problems,
+        ],
+    )
