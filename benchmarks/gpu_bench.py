@@ -1,7 +1,7 @@
 """Benchmarks of the chunk-metadata step (host time, its breakdown, kernel
 time, host time behind queued GPU work) and of a step model closer to
 serving (real KDA layers, other layers' GPU time as a calibrated wait), side
-by side in one run on the lent GPU (results feed docs/benchmarks.md).
+by side in one run on the lent GPU (results feed docs/benchmarks-log.md).
 
     python3 benchmarks/gpu_bench.py           # needs .gpu/ (gpu_bundle.py)
 
@@ -304,7 +304,7 @@ def host_breakdown(seq_lens, reps=400) -> dict:
     return out
 
 
-# The step model (assumptions; docs/benchmarks.md discusses them): a
+# The step model (assumptions; docs/benchmarks-log.md discusses them): a
 # Kimi-K3 step on one rank at TP8 is LAYERS decoder layers, KDA in three of
 # every four (Kimi Linear's hybrid ratio) with the vendored AMD KDA kernels
 # run for real at the per-rank head count; everything else a layer does on

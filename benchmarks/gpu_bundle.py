@@ -16,7 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from vllm_trees import UPSTREAM_TREE, installed_root, patched_tree  # noqa: E402
+from support.vllm_trees import UPSTREAM_TREE, installed_root, patched_tree  # noqa: E402
 
 BUNDLE = REPO / ".gpu"
 KERNEL_FILES = [

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Everything docs/benchmarks.md reports, in one call on the lent GPU, from
+# The runs docs/benchmarks-log.md reports up to series k3.6 (k3.7's:
+# gpu_k37.sh), in one call on the lent GPU, from
 # the repository root with .gpu/ carried (made here by gpu_bundle.py):
 #
 #     bash benchmarks/gpu_run.sh     # results under $OUT (default /tmp/k3-gpu)

@@ -16,7 +16,7 @@ met, which sizes the tolerance) are those of the token loop. Sequences of
 one token take kda_reference's own ``kda_step``; longer ones are stepped
 through their chunks in lockstep, each chunk padded with tokens that
 change nothing (no decay, zero key, value and beta). Pure PyTorch, any
-device; tests/test_reference_chunked.py checks it against the token loop
+device; tests/benchmarks/test_reference_chunked.py checks it against the token loop
 on the CPU.
 """
 

@@ -10,9 +10,9 @@ import threading
 os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
-from docker_images import build_image, build_standin, require_engine
-from registry import PUSHED, build_image_push, running_registry
-from vllm_trees import patched_tree
+from support.docker_images import build_image, build_standin, require_engine
+from support.registry import PUSHED, build_image_push, running_registry
+from support.vllm_trees import patched_tree
 
 from k3rocm.tryout.tiny_model import build_for_containers
 
@@ -33,7 +33,7 @@ def _enable_triton_for_vllm() -> None:
 _enable_triton_for_vllm()
 
 
-# The container tests' images (tests/docker_images.py), built once a session.
+# The container tests' images (tests/support/docker_images.py), built once a session.
 @pytest.fixture(scope="session")
 def standin() -> str:
     require_engine()

@@ -2,7 +2,7 @@
 subcommand, the module that runs it (``python -m MODULE`` is the same
 command, and the image's HEALTHCHECK and supervisord use that path), who
 runs it, and what it does. docs/commands.md is generated from this table and
-tests/test_commands.py checks that every entry module of the package is in
+tests/cli/test_commands.py checks that every entry module of the package is in
 it."""
 
 from __future__ import annotations

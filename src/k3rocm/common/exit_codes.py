@@ -1,6 +1,6 @@
 """The container's exit codes, with their meanings: the guard, supervise,
 the watchdog and the launcher exit with these, and README's table is
-generated from them (tests/test_exit_codes.py)."""
+generated from them (tests/common/test_exit_codes.py)."""
 
 from __future__ import annotations
 

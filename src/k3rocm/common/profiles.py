@@ -1,8 +1,8 @@
 """Launch profiles, features and the AMD recipe for Kimi-K3 on vLLM 0.27.1.
 
 Every flag and value here is one that vLLM 0.27.1's `vllm serve` parser
-accepts; tests/test_launcher_vllm_parser.py checks that against the installed
-vLLM."""
+accepts; tests/launcher/test_launcher_commands.py parses every command with
+the installed vLLM's own parser."""
 
 from __future__ import annotations
 

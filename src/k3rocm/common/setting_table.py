@@ -5,7 +5,7 @@ through its row (``Setting.read``, or ``read_all`` for every problem at
 once): this is the only parser of settings. README's tables,
 kimi-k3.env.example, the launcher's options and owned flags and compose's
 allow-list come from these rows or are checked against them
-(tests/test_setting_table.py); ``python -m k3rocm.common.setting_table`` prints
+(tests/common/test_setting_table.py); ``python -m k3rocm.common.setting_table`` prints
 README's tables.
 
 A default of None means no fixed value (unset, or worked out at run time);

@@ -1,7 +1,7 @@
 """What the dashboard (k3rocm.monitoring.dashboard) and the alert rules
 (k3rocm.monitoring.alerts) share: Prometheus job names, metric names,
 selectors and alert thresholds. Both generated files are checked against
-this by tests/test_monitoring.py.
+this by tests/monitoring/test_monitoring.py.
 """
 
 from __future__ import annotations

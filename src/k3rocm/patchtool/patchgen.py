@@ -2,10 +2,12 @@
 
 Patch 0002 adds two whole modules to vLLM: the device chunk-metadata
 kernel (``kda_metadata_kernel.py``) and its launcher, builder and backend
-(``kda_metadata.py``); patch 0005 adds the chunk KDA forward's precompiled
-launches (``kda_chunk_launch.py``). Their code lives in this repository as real, linted
-source files under ``src/k3rocm/kernels/``, and the patch is written from
-them, so the two cannot drift apart unnoticed (``--check``; a test runs it)::
+(``kda_metadata.py``); patch 0005 adds the precompiled KDA launches
+(``kda_chunk_launch.py``, which the other patches import, and the modules
+it re-exports from, one job each). Their code lives in this repository as
+real, linted source files under ``src/k3rocm/kernels/``, and the patch is
+written from them, so the two cannot drift apart unnoticed (``--check``; a
+test runs it)::
 
     k3rocm patchgen            # rewrite the generated patches
     k3rocm patchgen --check    # exit 1 if one is out of date
@@ -74,11 +76,22 @@ GENERATED = (
     ),
     GeneratedPatch(
         patch="0005-amd-kda-chunk-launch-module.patch",
-        files=(
+        # The facade first (its docstring maps the rest), then the modules in
+        # the order they build on each other.
+        files=tuple(
             GeneratedFile(
-                source="src/k3rocm/kernels/kda_chunk_launch.py",
-                target="vllm/models/kimi_k3/amd/ops/third_party/kda/kda_chunk_launch.py",
-            ),
+                source=f"src/k3rocm/kernels/{name}",
+                target=f"vllm/models/kimi_k3/amd/ops/third_party/kda/{name}",
+            )
+            for name in (
+                "kda_chunk_launch.py",
+                "kda_direct_launch.py",
+                "kda_chunk_forward.py",
+                "kda_chunk_plans.py",
+                "kda_recurrent_plans.py",
+                "kda_launch_entry.py",
+                "kda_launch_warm_up.py",
+            )
         ),
     ),
 )

@@ -1,0 +1,250 @@
+"""The smoke test's parts in this process: stage 1 on the CPU (the patched
+vLLM from conftest, the device kernel in the Triton interpreter), its checks
+failing where they must, stage timeouts and the guard's decisions. Stage 2
+and the policies run in the real process tree (test_container_tree.py)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from support.vllm_trees import SERIES, copy_tree, installed_root, patched_tree
+
+from k3rocm.common.exit_codes import ExitCode
+from k3rocm.common.smoke_report import Stage
+from k3rocm.container.guard import Guard
+from k3rocm.smoke.chunk_reference import CHUNK_SIZE
+from k3rocm.smoke.kernel_checks import KERNEL_BATTERY, compare_with_reference
+from k3rocm.smoke.settings import Settings
+from k3rocm.smoke.stage1 import check_patch_marker, run_stage1
+from k3rocm.smoke.timeouts import run_with_timeout
+
+
+def statuses(stage: Stage) -> dict[str, str]:
+    return {check.name: check.status for check in stage.checks}
+
+
+def test_stage1_on_cpu_runs_the_kernel_interpreted_and_skips_gpu_checks(
+    monkeypatch,
+):
+    monkeypatch.delenv("K3_KDA_METADATA", raising=False)
+    stage = Stage()
+    run_stage1(stage, SERIES)
+    assert statuses(stage) == {
+        "patch marker": "pass",
+        "kda metadata path": "pass",
+        "kimi backend": "skip",
+        "device kernel": "pass",
+        "kda numerics": "pass",
+        "no device sync": "skip",
+    }
+    details = {check.name: check.detail for check in stage.checks}
+    assert "on cpu" in details["device kernel"]
+    assert "match the float64 reference on cpu" in details["kda numerics"]
+    assert "not ROCm" in details["kimi backend"]
+    assert "no GPU" in details["no device sync"]
+    assert details["kda metadata path"].startswith("device: ")
+
+
+def test_stage1_reports_the_legacy_path_and_refuses_other_values(monkeypatch):
+    from vllm.platforms import current_platform
+
+    monkeypatch.setenv("K3_KDA_METADATA", "legacy")
+    monkeypatch.setattr(current_platform, "is_rocm", lambda: True)
+    stage = Stage()
+    run_stage1(stage, SERIES)
+    details = {check.name: check.detail for check in stage.checks}
+    assert statuses(stage)["kda metadata path"] == "pass"
+    assert "expected" in details["kda metadata path"]
+    # On ROCm, legacy resolves the real layer to vLLM 0.27.1's backend.
+    assert statuses(stage)["kimi backend"] == "pass"
+    assert "GDN_ATTN (K3_KDA_METADATA=legacy)" in details["kimi backend"]
+    monkeypatch.setenv("K3_KDA_METADATA", "fast")
+    stage = Stage()
+    run_stage1(stage, SERIES)
+    assert statuses(stage)["kda metadata path"] == "fail"
+    assert "kimi backend" not in statuses(stage)
+
+
+def poisoned_result(kernel, damage):
+    """``kernel`` (an AMD KDA op as the layer calls it) with ``damage``
+    done to its outputs and states."""
+
+    def run(**kwargs):
+        out, state = kernel(**kwargs)
+        damage(kwargs.get("out", out), state, kwargs)
+        return out, state
+
+    return run
+
+
+def nan_first_output(out, state, kwargs):
+    out.view(-1)[0] = float("nan")
+
+
+def scaled_decode_states(out, state, kwargs):
+    """1 % more in the decodes' states: finite, and far outside the
+    tolerance."""
+    state[kwargs["ssm_state_indices"].long()] *= 1.01
+
+
+@pytest.mark.parametrize(
+    ("op", "damage"),
+    [
+        ("chunk_kda_with_fused_gate", nan_first_output),
+        ("fused_recurrent_kda", nan_first_output),
+        ("fused_recurrent_kda", scaled_decode_states),
+    ],
+    ids=["chunk-nan", "recurrent-nan", "recurrent-state-off"],
+)
+def test_kda_numerics_fails_on_a_poisoned_result(monkeypatch, op, damage):
+    import vllm.models.kimi_k3.amd.ops.third_party.kda as amd_kda
+
+    from k3rocm.smoke.kda_numerics import check_kda_numerics
+
+    monkeypatch.setattr(amd_kda, op, poisoned_result(getattr(amd_kda, op), damage))
+    stage = Stage()
+    assert not check_kda_numerics(stage, "cpu")
+    (check,) = stage.checks
+    assert (check.name, check.status) == ("kda numerics", "fail")
+    assert "differ from the float64 reference on cpu" in check.detail
+    if damage is nan_first_output:
+        assert "largest error inf times" in check.detail
+
+
+def test_kda_numerics_keeps_the_autotuners_choices_only_while_it_runs():
+    """On a GPU the check has the KDA kernels' autotuners keep their choice
+    in Triton's cache (a warm start then times no configuration again),
+    and gives them back as vLLM's process would have them."""
+    from vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch import unwrap
+
+    from k3rocm.smoke.interpreter import kda_kernels
+    from k3rocm.smoke.kda_numerics import LOWER_BOUND, autotuning_cached
+
+    kernels = kda_kernels(LOWER_BOUND)
+    tuners = [t for _, t in map(unwrap, kernels) if t is not None]
+    assert len(tuners) >= 6 and not any(t.cache_results for t in tuners)
+    with autotuning_cached(kernels):
+        assert all(t.cache_results for t in tuners)
+    assert not any(t.cache_results for t in tuners)
+    with pytest.raises(RuntimeError), autotuning_cached(kernels):
+        raise RuntimeError("a kernel failed")
+    assert not any(t.cache_results for t in tuners)
+
+
+def test_kernel_check_catches_metadata_that_differs_from_the_reference():
+    """vLLM's legacy builder labels chunks by non-empty ordinal, wrong once an
+    empty sequence sits before a non-empty one: the battery must see it."""
+    from vllm.third_party.flash_linear_attention.ops.index import (
+        prepare_chunk_indices,
+        prepare_chunk_offsets,
+    )
+
+    def legacy(cu_seqlens, _cu_seqlens_cpu):
+        return (
+            prepare_chunk_indices(cu_seqlens, CHUNK_SIZE),
+            prepare_chunk_offsets(cu_seqlens, CHUNK_SIZE),
+        )
+
+    # (An all-empty batch makes the legacy builder raise, not differ.)
+    battery = [b for b in KERNEL_BATTERY if b[0] != "all empty"]
+    mismatches = compare_with_reference(legacy, "cpu", battery)
+    assert [m.split(" [")[0] for m in mismatches] == [
+        "empty sequences front, middle, back"
+    ]
+
+
+def test_marker_check_fails_on_an_unpatched_or_drifted_tree(tmp_path):
+    pristine = copy_tree(installed_root(), tmp_path / "pristine")
+    stage = Stage()
+    assert not check_patch_marker(stage, SERIES, pristine)
+    assert "pristine" in stage.checks[0].detail
+
+    drifted = copy_tree(patched_tree(), tmp_path / "drifted")
+    layer = drifted / "vllm" / "models" / "kimi_k3" / "amd" / "kda_metadata.py"
+    layer.write_text(layer.read_text() + "\n# edited after the build\n")
+    stage = Stage()
+    assert not check_patch_marker(stage, SERIES, drifted)
+    assert "drifted" in stage.checks[0].detail
+
+
+def test_a_stage_that_hangs_fails_on_its_timeout():
+    stage = Stage()
+    in_time = run_with_timeout(lambda s: time.sleep(30), stage, 0.5)
+    assert not in_time
+    assert stage.status == "fail"
+    assert statuses(stage) == {"timeout": "fail"}
+
+
+def test_a_stage_that_crashes_fails_instead_of_hanging():
+    stage = Stage()
+    assert run_with_timeout(lambda s: 1 / 0, stage, 5)
+    assert stage.status == "fail"
+    assert "ZeroDivisionError" in stage.checks[0].detail
+
+
+def test_unknown_failure_policy_is_refused():
+    with pytest.raises(ValueError, match="stop, warn"):
+        Settings.from_env({"K3_SMOKE_ON_FAILURE": "ignore"})
+
+
+def test_guard_bounds_vllm_restarts_and_stops_on_a_failed_smoke(tmp_path, monkeypatch):
+    report = tmp_path / "smoke-report.json"
+    report.write_text(
+        '{"stages": {"stage1": {"checks": [{"name": "device kernel", '
+        '"status": "fail"}, {"name": "patch marker", "status": "pass"}]}}, '
+        '"kept": "/cache/forensics/smoke-report-1.json"}'
+    )
+    monkeypatch.setenv("K3_SMOKE_REPORT", str(report))
+    deaths = tmp_path / "vllm-deaths"
+    guard = Guard(max_restarts=2, deaths_file=deaths)
+    exited = "PROCESS_STATE_EXITED"
+    assert guard.judge(exited, "vllm", expected=False) is None
+    assert guard.judge(exited, "vllm", expected=False) is None
+    assert guard.judge(exited, "vllm", expected=False)[0] == ExitCode.VLLM
+    fresh = tmp_path / "fresh"
+    assert (
+        Guard(2, fresh).judge("PROCESS_STATE_FATAL", "vllm", False)[0] == ExitCode.VLLM
+    )
+    assert Guard(2, fresh).judge(exited, "smoke", expected=True) is None
+    code, reason = Guard(2, fresh).judge(exited, "smoke", expected=False)
+    assert code == ExitCode.SMOKE
+    assert (
+        "K3_SMOKE_ON_FAILURE=stop: stage1 device kernel (report kept in "
+        "/cache/forensics/smoke-report-1.json); "
+    ) in reason
+
+
+def test_guard_counts_a_vllm_exit_with_status_0(tmp_path):
+    """supervisord calls an exit with status 0 expected; for vLLM it is still
+    a death nobody asked for (a requested stop ends in STOPPED)."""
+    guard = Guard(max_restarts=1, deaths_file=tmp_path / "vllm-deaths")
+    assert guard.judge("PROCESS_STATE_EXITED", "vllm", expected=True) is None
+    assert (
+        guard.judge("PROCESS_STATE_EXITED", "vllm", expected=True)[0] == ExitCode.VLLM
+    )
+
+
+def test_a_vllm_failing_while_starting_is_left_to_supervisords_retries(tmp_path):
+    guard = Guard(max_restarts=0, deaths_file=tmp_path / "vllm-deaths")
+    assert guard.judge("PROCESS_STATE_EXITED", "vllm", False, "STARTING") is None
+    assert guard.vllm_deaths == 0
+
+
+def test_a_restarted_guard_keeps_the_death_count(tmp_path):
+    deaths = tmp_path / "vllm-deaths"
+    Guard(max_restarts=1, deaths_file=deaths).judge(
+        "PROCESS_STATE_EXITED", "vllm", False
+    )
+    restarted = Guard(max_restarts=1, deaths_file=deaths)
+    assert restarted.vllm_deaths == 1
+    assert restarted.judge("PROCESS_STATE_EXITED", "vllm", False)[0] == ExitCode.VLLM
+
+
+def test_a_smoke_that_could_not_run_is_named_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("K3_SMOKE_REPORT", str(tmp_path / "missing.json"))
+    code, reason = Guard(1, tmp_path / "d").judge(
+        "PROCESS_STATE_EXITED", "smoke", False
+    )
+    assert code == ExitCode.SETTINGS
+    assert "could not run" in reason and "K3_SMOKE_ON_FAILURE=stop" not in reason

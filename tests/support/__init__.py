@@ -1,0 +1,1 @@
+"""What the tests share: real servers, trees, images and clients they run."""

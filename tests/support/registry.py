@@ -1,0 +1,83 @@
+"""A real container registry for the tests: Debian's docker-registry (the
+CNCF distribution registry, installed by scripts/test) on a loopback port,
+which the Docker engine talks to over plain HTTP as it does for any
+127.0.0.0/8 registry. It stops, and its storage goes, whatever the tests did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from support.processes import running
+from support.vllm_server import free_port
+from support.vllm_trees import REPO
+
+# The manifest type Docker 20.10 pushes; the registry's digest of it is the
+# one `docker push` reports and K3_IMAGE pins.
+MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
+PUSHED = re.compile(r"^build-image: pushed (\S+):(\S+)@(sha256:[0-9a-f]{64})$", re.M)
+
+
+@contextlib.contextmanager
+def running_registry(directory: Path) -> Iterator[str]:
+    """host:port of a registry storing under directory."""
+    binary = shutil.which("docker-registry")
+    assert binary, "docker-registry is missing (scripts/test installs it)"
+    port = free_port()
+    config = directory / "config.yml"
+    config.write_text(
+        "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+        f"    rootdirectory: {directory / 'data'}\nhttp:\n  addr: 127.0.0.1:{port}\n"
+    )
+    with running([binary, "serve", str(config)], directory / "registry.log"):
+        address = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://{address}/v2/", timeout=2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, (
+                    directory / "registry.log"
+                ).read_text()
+                time.sleep(0.2)
+        try:
+            yield address
+        finally:
+            shutil.rmtree(directory / "data", ignore_errors=True)
+
+
+def registry_digest(address: str, name: str, tag: str) -> str | None:
+    """The registry's own digest of name:tag (its manifest API), or None."""
+    request = urllib.request.Request(
+        f"http://{address}/v2/{name}/manifests/{tag}",
+        method="HEAD",
+        headers={"Accept": MANIFEST_V2},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.headers["Docker-Content-Digest"]
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return None
+        raise
+
+
+def build_image_push(base: str, repo: str) -> subprocess.CompletedProcess:
+    """scripts/build-image --push, as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "build-image"), "--base-image", base,
+         "--repo", repo, "--push"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )  # fmt: skip
