@@ -1,6 +1,7 @@
-"""``python -m k3rocm.accept``: vLLM's own ``vllm bench serve`` at each
-concurrency, then the accuracy gate, against a running server; a JSON and a
-Markdown report in --output-dir, the Markdown also on stdout.
+"""``python -m k3rocm.accept``: the command of the acceptance run
+(k3rocm.accept.run): vLLM's own ``vllm bench serve`` at each concurrency,
+then the accuracy gate, against a running server; a JSON and a Markdown
+report in --output-dir, the Markdown also on stdout.
 
 Exit codes: 0 passed; 1 accuracy under --threshold; 2 bad options or no
 server to talk to; 3 the benchmark failed (vLLM's benchmark exited non-zero,
@@ -14,13 +15,12 @@ import os
 import sys
 import time
 import urllib.error
-from functools import partial
 from pathlib import Path
 
 from k3rocm.accept import report
-from k3rocm.accept.accuracy import ENDPOINTS, ask, ask_all
-from k3rocm.accept.arithmetic import problems, wilson
-from k3rocm.accept.bench import BenchError, Workload, run_bench
+from k3rocm.accept.accuracy import ENDPOINTS
+from k3rocm.accept.bench import Workload
+from k3rocm.accept.run import PASSED, accuracy_gate, bench_runs, verdict_of
 from k3rocm.common.api_address import BadAddress, api_base_url
 from k3rocm.common.setting_table import API_KEY_FILE, KDA_METADATA
 
@@ -212,86 +212,34 @@ def main(argv: list[str] | None = None) -> int:
         args.warmups_per_concurrency,
         args.seed,
     )
-    runs, bench_error = [], None
-    for concurrency in () if args.no_bench else args.concurrency:
-        log(f"vllm bench serve at concurrency {concurrency} ...")
-        try:
-            figures = run_bench(
-                base_url,
-                model,
-                served_name,
-                workload,
-                concurrency,
-                directory,
-                environ,
-                api_key,
-                args.bench_timeout,
-            )
-        except BenchError as err:
-            bench_error = str(err)
-            break
-        runs.append(
-            {
-                "concurrency": concurrency,
-                "num_prompts": workload.prompts(concurrency),
-                "num_warmups": workload.warmups(concurrency),
-                "figures": figures,
-            }
-        )
-        if figures["failed"]:
-            bench_error = (
-                f"{figures['failed']:.0f} request(s) failed at concurrency "
-                f"{concurrency} (bench-c{concurrency}.log)"
-            )
-            break
+    runs, bench_error = bench_runs(
+        base_url,
+        model,
+        served_name,
+        workload,
+        () if args.no_bench else args.concurrency,
+        directory,
+        environ,
+        api_key,
+        args.bench_timeout,
+        log,
+    )
     accuracy = None
     if args.problems and bench_error is None:
         log(f"accuracy gate: {args.problems} problems ...")
-        batch = problems(args.problems, args.seed)
-        answers = ask_all(
-            batch,
-            args.accuracy_concurrency,
-            partial(
-                ask,
-                base_url,
-                api_key,
-                args.accuracy_endpoint,
-                served_name,
-                max_tokens=args.max_tokens,
-                timeout=args.request_timeout,
-            ),
+        accuracy = accuracy_gate(
+            base_url,
+            api_key,
+            served_name,
+            count=args.problems,
+            seed=args.seed,
+            concurrency=args.accuracy_concurrency,
+            endpoint=args.accuracy_endpoint,
+            max_tokens=args.max_tokens,
+            timeout=args.request_timeout,
+            threshold=args.threshold,
         )
-        correct = sum(answer.correct for answer in answers)
-        interval = wilson(correct, len(answers))
-        accuracy = {
-            "problems": len(answers),
-            "correct": correct,
-            "errors": sum(answer.error is not None for answer in answers),
-            "accuracy": correct / len(answers),
-            "interval95": [interval.low, interval.high],
-            "threshold": args.threshold,
-            "passed": correct / len(answers) >= args.threshold,
-            "seed": args.seed,
-            "endpoint": args.accuracy_endpoint,
-            "max_tokens": args.max_tokens,
-            "wrong": [
-                {
-                    "problem": a.problem.text,
-                    "answer": a.problem.answer,
-                    "got": a.got,
-                    "error": a.error,
-                    "reply_end": a.reply[-300:],
-                }
-                for a in answers
-                if not a.correct
-            ][:20],
-        }
-    if bench_error is not None:
-        verdict = "benchmark failed"
-    elif accuracy is not None and not accuracy["passed"]:
-        verdict = "accuracy under threshold"
-    else:
-        verdict = "passed"
+    verdict = verdict_of(bench_error, accuracy)
     document = {
         "format": report.FORMAT,
         "verdict": verdict,
@@ -315,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     if bench_error is not None:
         log(bench_error)
         return EXIT_BENCH
-    return EXIT_ACCURACY if verdict != "passed" else EXIT_PASS
+    return EXIT_ACCURACY if verdict != PASSED else EXIT_PASS
 
 
 if __name__ == "__main__":

@@ -122,9 +122,11 @@ def stat_panel(
     return with_targets(panel, target("A", expr, legend))
 
 
-def panels() -> list[list[tuple[int, int, Panel]]]:
-    """Rows of (width, height, panel), laid out left to right."""
-    step = m.STEP_DURATION
+Row = list[tuple[int, int, Panel]]  # (width, height, panel), left to right
+
+
+def status_row() -> Row:
+    """What runs and whether it passed: build, smoke verdict, start-up."""
     build_info = (
         table.Panel()
         .title("Build")
@@ -178,6 +180,12 @@ def panels() -> list[list[tuple[int, int, Panel]]]:
         .unit("s")
         .color_mode(common.BigValueColorMode.NONE)
     )
+    return [(10, 6, build_info), (5, 6, smoke), (5, 6, phase), (4, 6, time_in_phase)]
+
+
+def step_latency_row() -> Row:
+    """The stall-free path's figure: step latency by kind."""
+    step = m.STEP_DURATION
     step_latency = series(
         "Engine step latency by kind",
         "s",
@@ -196,6 +204,10 @@ def panels() -> list[list[tuple[int, int, Panel]]]:
         f"Wall time of one engine step ({m.STEP_DURATION}). "
         "The stall-free prefill path shortens prefill and mixed steps.",
     )
+    return [(WIDTH, 9, step_latency)]
+
+
+def step_rates_row() -> Row:
     steps_per_second = series(
         "Engine steps per second by kind",
         "ops",
@@ -223,6 +235,23 @@ def panels() -> list[list[tuple[int, int, Panel]]]:
         ],
         "Context (prompt) and generation tokens the scheduler gave each kind of step.",
     )
+    return [(12, 8, steps_per_second), (12, 8, tokens_per_second)]
+
+
+def request_latency_row() -> Row:
+    """vLLM's own request latencies."""
+    return [
+        (8, 8, latency_panel(title, metric, f"{metric}, p50 and p99."))
+        for title, metric in (
+            ("Time to first token", "vllm:time_to_first_token_seconds"),
+            ("Inter-token latency", "vllm:inter_token_latency_seconds"),
+            ("End-to-end request latency", "vllm:e2e_request_latency_seconds"),
+        )
+    ]
+
+
+def load_row() -> Row:
+    """Queues, engine progress (a stall shows here) and the KV cache."""
     requests = series(
         "Running and waiting requests",
         "short",
@@ -276,20 +305,17 @@ def panels() -> list[list[tuple[int, int, Panel]]]:
         .min(0)
         .max(1)
     )
-    latencies = [
-        (8, 8, latency_panel(title, metric, f"{metric}, p50 and p99."))
-        for title, metric in (
-            ("Time to first token", "vllm:time_to_first_token_seconds"),
-            ("Inter-token latency", "vllm:inter_token_latency_seconds"),
-            ("End-to-end request latency", "vllm:e2e_request_latency_seconds"),
-        )
-    ]
+    return [(8, 8, requests), (8, 8, progress), (8, 8, kv_cache)]
+
+
+def panels() -> list[Row]:
+    """The dashboard's rows, top to bottom."""
     return [
-        [(10, 6, build_info), (5, 6, smoke), (5, 6, phase), (4, 6, time_in_phase)],
-        [(WIDTH, 9, step_latency)],
-        [(12, 8, steps_per_second), (12, 8, tokens_per_second)],
-        latencies,
-        [(8, 8, requests), (8, 8, progress), (8, 8, kv_cache)],
+        status_row(),
+        step_latency_row(),
+        step_rates_row(),
+        request_latency_row(),
+        load_row(),
     ]
 
 
