@@ -40,7 +40,20 @@ SERIES_MODULE = "vllm/models/kimi_k3/amd/kda_metadata.py"
 SERIES_MODULES = [
     SERIES_MODULE,
     "vllm/models/kimi_k3/amd/kda_metadata_kernel.py",
-    "vllm/models/kimi_k3/amd/ops/third_party/kda/kda_chunk_launch.py",
+    # The launches of patch 0005: the module the series imports and the
+    # modules it re-exports from.
+    *(
+        f"vllm/models/kimi_k3/amd/ops/third_party/kda/{name}.py"
+        for name in (
+            "kda_chunk_launch",
+            "kda_direct_launch",
+            "kda_chunk_forward",
+            "kda_chunk_plans",
+            "kda_recurrent_plans",
+            "kda_launch_entry",
+            "kda_launch_warm_up",
+        )
+    ),
     # Read, not imported (no vLLM there): gpu_kda_launch.py compiles the
     # layer's split_projection from it for its stand-in layers.
     "vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py",

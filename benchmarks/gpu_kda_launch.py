@@ -64,7 +64,10 @@ from vllm.models.kimi_k3.amd.kda_metadata import (  # noqa: E402
 from vllm.models.kimi_k3.amd.ops.third_party.kda import (  # noqa: E402
     chunk,
     chunk_intra,
+    kda_chunk_forward,
     kda_chunk_launch,
+    kda_chunk_plans,
+    kda_launch_entry,
 )
 
 ROUNDS = gb.ROUNDS
@@ -201,7 +204,7 @@ def warm_up() -> dict:
         "binaries_compiled": binaries() - before,
         "configs": {
             str(key[-8:]): plan.configs
-            for key, plan in list(kda_chunk_launch._PLANS.items())[:1]
+            for key, plan in list(kda_launch_entry._PLANS.items())[:1]
         },
     }
 
@@ -270,8 +273,8 @@ def breakdown(lens, reps=200) -> dict:
         "Python and tensor work around them": total - sum(launches.values()),
     }
     # The launched path: its direct launches timed the same way.
-    key = kda_chunk_launch._call_key(*kda_chunk_launch.prepare(*args))
-    plan = kda_chunk_launch._PLANS[key]
+    key = kda_chunk_plans._call_key(*kda_chunk_forward.prepare(*args))
+    plan = kda_launch_entry._PLANS[key]
     direct = {}
     original = dict(plan.launches)
 
@@ -288,7 +291,7 @@ def breakdown(lens, reps=200) -> dict:
     plan.launches.update({s: wrap(s, f) for s, f in original.items()})
     try:
         prepared_us = timed_calls(
-            lambda: kda_chunk_launch._call_key(*kda_chunk_launch.prepare(*args)), reps
+            lambda: kda_chunk_plans._call_key(*kda_chunk_forward.prepare(*args)), reps
         )
         whole = timed_calls(lambda: launched(args), reps)
     finally:
@@ -360,14 +363,14 @@ def bitwise(batches=2000) -> dict:
         indices, offsets = metadata(dev, host)
         args = call_args(inputs, dev, indices, offsets)
         reference = vendored(fresh(args))
-        configs = kda_chunk_launch.chosen_configs(LOWER_BOUND)
+        configs = kda_chunk_plans.chosen_configs(LOWER_BOUND)
         made = kda_chunk_launch.STATS["vendored_calls"]
         ours = launched(fresh(args))
         if kda_chunk_launch.STATS["vendored_calls"] == made:
             through_plan += 1
-            prepared = kda_chunk_launch.prepare(*fresh(args))
-            plan = kda_chunk_launch._PLANS[kda_chunk_launch._call_key(*prepared)]
-            chosen, _ = kda_chunk_launch.resolve_binaries(prepared, configs)
+            prepared = kda_chunk_forward.prepare(*fresh(args))
+            plan = kda_launch_entry._PLANS[kda_chunk_plans._call_key(*prepared)]
+            chosen, _ = kda_chunk_plans.resolve_binaries(prepared, configs)
             if any(
                 chosen[s] is not plan.binaries[s] for s in kda_chunk_launch.SITES
             ) or any(configs[s].all_kwargs() != plan.configs[s] for s in configs):
@@ -436,7 +439,7 @@ def compiles_after_warm_up(steps=3000) -> dict:
         dev, host = cu_seqlens(lens)
         indices, offsets = metadata(dev, host)
         args = call_args(inputs, dev, indices, offsets)
-        kinds.add(kda_chunk_launch.call_kind(args))
+        kinds.add(kda_chunk_plans.call_kind(args))
         start = time.perf_counter()
         launched(args)
         host_us.append((time.perf_counter() - start) * 1e6)
@@ -589,12 +592,12 @@ def variant_sides(layouts: bool = False) -> dict:
 
 def with_piece_bytes(piece: int):
     def call(args):
-        kept = kda_chunk_launch._PIECE_BYTES
-        kda_chunk_launch._PIECE_BYTES = piece
+        kept = kda_chunk_forward._PIECE_BYTES
+        kda_chunk_forward._PIECE_BYTES = piece
         try:
             return launched(args)
         finally:
-            kda_chunk_launch._PIECE_BYTES = kept
+            kda_chunk_forward._PIECE_BYTES = kept
 
     return call
 
@@ -608,7 +611,7 @@ def kernel_gpu_us(lens, calls=20, rounds=ROUNDS) -> dict:
     launches summed."""
     args = batch_args(lens, seed=2)
     vendored(args), launched(args)
-    plan = kda_chunk_launch._PLANS[kda_chunk_launch.call_kind(args)]
+    plan = kda_launch_entry._PLANS[kda_chunk_plans.call_kind(args)]
     kernels = {}
     for site in kda_chunk_launch.SITES:
         kernel = kda_chunk_launch.site_kernel(site, LOWER_BOUND)

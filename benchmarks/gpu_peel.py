@@ -68,6 +68,8 @@ from vllm.models.kimi_k3.amd.ops.third_party.kda import (  # noqa: E402
     fused_recurrent,
     kda_chunk_launch,
     kda_chunk_launch_k36,
+    kda_chunk_plans,
+    kda_direct_launch,
 )
 
 metadata = gkl.metadata
@@ -330,7 +332,7 @@ def compiles_after_warm_up(steps=3000) -> dict:
             "use_qk_l2norm_in_kernel": True,
         }
         args = gkl.call_args(inputs, pdev, indices, offsets)
-        kinds.add(kda_chunk_launch.call_kind(args))
+        kinds.add(kda_chunk_plans.call_kind(args))
         gkl.launched(args)
         host_us.append((time.perf_counter() - start) * 1e6)
         rec_by_step.append(recurrent_binaries() - rec_before)
@@ -564,7 +566,7 @@ def recurrent_host_cost(lens, reps=400) -> dict:
     binary = fused_recurrent.fused_recurrent_kda_fwd_kernel[grid[:1]](
         **kwargs, num_warps=4
     )
-    direct = kda_chunk_launch._direct(binary)
+    direct = kda_direct_launch._direct(binary)
     if direct is None:
         return {"direct launch": "not available in this Triton"}
     run, function, packed = direct

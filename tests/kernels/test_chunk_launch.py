@@ -16,6 +16,13 @@ import vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch as launch
 from support.kda_interpreter import fresh, interpretable, poisoned
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
+from vllm.models.kimi_k3.amd.ops.third_party.kda import (
+    kda_chunk_forward,
+    kda_chunk_plans,
+    kda_direct_launch,
+    kda_launch_entry,
+    kda_recurrent_plans,
+)
 
 from k3rocm.smoke.chunk_reference import cu_seqlens_of, reference_chunk_metadata
 
@@ -33,7 +40,7 @@ def test_integer_classes_are_those_triton_specializes_on(specialized):
     values += [-1, -16, -(2**31), -(2**31) - 1]
     by_class: dict[int, set] = {}
     for value in values:
-        by_class.setdefault(launch.int_class(value, specialized), set()).add(
+        by_class.setdefault(kda_direct_launch.int_class(value, specialized), set()).add(
             triton_view(value, specialized)
         )
     # One Triton view per class, and different classes, different views.
@@ -64,9 +71,13 @@ def batch(seq_lens, lower_bound, dtype=torch.bfloat16):
 def stand_in_consts() -> dict:
     """Configuration values for _forward in place of a plan's."""
     consts = {
-        f"{s}_{n}": 64 for s, names in launch._CONFIG_VALUES.items() for n in names
+        f"{s}_{n}": 64
+        for s, names in kda_chunk_plans._CONFIG_VALUES.items()
+        for n in names
     }
-    consts.update(launch._platform_constants(), l2norm_q_BD=32, l2norm_k_BD=32)
+    consts.update(
+        kda_chunk_forward._platform_constants(), l2norm_q_BD=32, l2norm_k_BD=32
+    )
     consts.update(intra_BK=32, intra_BH=1)
     return consts
 
@@ -77,7 +88,7 @@ def test_every_launch_passes_its_kernels_parameters(lower_bound):
     kernels' parameter lists: the count, and the tensors the vendored code
     passes by name in the places those names have."""
     args = batch([1, 70, 0, 3], lower_bound)
-    prepared = launch.prepare(*args)
+    prepared = kda_chunk_forward.prepare(*args)
     consts = stand_in_consts()
     seen = {}
 
@@ -88,7 +99,7 @@ def test_every_launch_passes_its_kernels_parameters(lower_bound):
         assert all(n >= 0 for n in grid) and len(grid) == 3
         seen[site] = named
 
-    out, state = launch._forward(record, consts, False, *prepared)
+    out, state = kda_chunk_forward._forward(record, consts, False, *prepared)
     assert list(seen) == list(launch.SITES)
     cu, indices, offsets = args[12:]
     for site, named in seen.items():
@@ -147,7 +158,7 @@ def test_intermediates_are_cut_from_one_allocation_like_fresh_tensors():
     strides torch.empty gives, 256-byte aligned (the binaries assume
     16-byte-aligned pointers), none overlapping another, inside the one
     allocation; as pointers, the same addresses."""
-    memory, carved = launch._carve(torch.device("cpu"), PIECES, False)
+    memory, carved = kda_chunk_forward._carve(torch.device("cpu"), PIECES, False)
     base = memory.data_ptr()
     spans = []
     for tensor, (shape, dtype) in zip(carved, PIECES, strict=True):
@@ -155,13 +166,13 @@ def test_intermediates_are_cut_from_one_allocation_like_fresh_tensors():
         assert (tensor.shape, tensor.dtype) == (fresh.shape, fresh.dtype)
         assert tensor.stride() == fresh.stride() and tensor.is_contiguous()
         start = tensor.data_ptr() - base
-        assert start % launch._PIECE_BYTES == 0
+        assert start % kda_chunk_forward._PIECE_BYTES == 0
         spans.append((start, start + tensor.numel() * tensor.element_size()))
         assert tensor.untyped_storage().data_ptr() == base
     spans.sort()
     assert spans[0][0] == 0 and spans[-1][1] <= memory.numel()
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
-    memory, pointers = launch._carve(torch.device("cpu"), PIECES, True)
+    memory, pointers = kda_chunk_forward._carve(torch.device("cpu"), PIECES, True)
     assert [p - memory.data_ptr() for p in pointers] == [s for s, _ in spans]
 
 
@@ -181,17 +192,19 @@ def test_pointers_are_the_addresses_of_the_tensors(lower_bound, monkeypatch):
         return record
 
     memories = []
-    carve = launch._carve
+    carve = kda_chunk_forward._carve
 
     def keep(device, pieces, pointers):
         memory, carved = carve(device, pieces, pointers)
         memories.append(memory)
         return memory, carved
 
-    monkeypatch.setattr(launch, "_carve", keep)
-    out, state = launch._forward(recorder(True), consts, True, *launch.prepare(*args))
-    prepared = launch.prepare(*args)
-    launch._forward(recorder(False), consts, False, *prepared)
+    monkeypatch.setattr(kda_chunk_forward, "_carve", keep)
+    out, state = kda_chunk_forward._forward(
+        recorder(True), consts, True, *kda_chunk_forward.prepare(*args)
+    )
+    prepared = kda_chunk_forward.prepare(*args)
+    kda_chunk_forward._forward(recorder(False), consts, False, *prepared)
     assert out is args[2] and state.shape == args[8].shape
     bases = [m.data_ptr() for m in memories]
     inputs = {t.data_ptr() for t in prepared if torch.is_tensor(t)}
@@ -240,16 +253,21 @@ def test_launched_sequence_is_bitwise_the_vendored_path(lower_bound, monkeypatch
     interpretable(monkeypatch, lower_bound)
     args = batch([1, 70, 0, 3], lower_bound, torch.float32)
     expected = chunk.vendored_chunk_kda_with_fused_gate(*fresh(args))
-    prepared = launch.prepare(*fresh(args))
-    consts = launch._consts(
-        launch.chosen_configs(lower_bound), lower_bound, prepared[0], prepared[1]
+    prepared = kda_chunk_forward.prepare(*fresh(args))
+    consts = kda_chunk_plans._consts(
+        kda_chunk_plans.chosen_configs(lower_bound),
+        lower_bound,
+        prepared[0],
+        prepared[1],
     )
-    monkeypatch.setattr(launch, "_carve", poisoned(launch._carve))
-    ours = launch._forward(interpreted(lower_bound), consts, False, *prepared)
+    monkeypatch.setattr(kda_chunk_forward, "_carve", poisoned(kda_chunk_forward._carve))
+    ours = kda_chunk_forward._forward(
+        interpreted(lower_bound), consts, False, *prepared
+    )
     for a, b in zip(ours, expected, strict=True):
         assert torch.equal(a, b)
-    control = launch.prepare(*fresh(args))
-    unzeroed = launch._forward(
+    control = kda_chunk_forward.prepare(*fresh(args))
+    unzeroed = kda_chunk_forward._forward(
         interpreted(lower_bound, upper_zeros_off=True), consts, False, *control
     )
     assert not torch.equal(unzeroed[0], expected[0])
@@ -317,7 +335,11 @@ def test_the_recurrent_launch_passes_what_the_wrapper_passes(
     fused_recurrent.fused_recurrent_kda(**kwargs)
     ((grid, theirs),) = recorder.calls
     ours = dict(
-        zip(jit.arg_names, launch._recurrent_arguments(*kwargs.values()), strict=True)
+        zip(
+            jit.arg_names,
+            kda_recurrent_plans._recurrent_arguments(*kwargs.values()),
+            strict=True,
+        )
     )
     heuristics = {
         name: rule(theirs) for name, rule in kernel.values.items()
@@ -329,13 +351,15 @@ def test_the_recurrent_launch_passes_what_the_wrapper_passes(
             assert value is expected, name
         else:
             assert value == expected and type(value) is type(expected), name
-    assert (launch._recurrent_grid(tuple(ours.values())),) == tuple(grid)
-    assert launch._recurrent_layout(*kwargs.values())
+    assert (kda_recurrent_plans._recurrent_grid(tuple(ours.values())),) == tuple(grid)
+    assert kda_recurrent_plans._recurrent_layout(*kwargs.values())
 
 
 def test_the_recurrent_kinds_follow_what_the_binary_depends_on():
     def kind(call):
-        return launch._recurrent_key(launch._recurrent_arguments(*call.values()))
+        return kda_recurrent_plans._recurrent_key(
+            kda_recurrent_plans._recurrent_arguments(*call.values())
+        )
 
     base = decode_call()
     # More decodes: N and T are not specialized.
@@ -345,12 +369,12 @@ def test_the_recurrent_kinds_follow_what_the_binary_depends_on():
     # block table's column of state indices.
     blocks = torch.zeros(8, 3, HEADS, HEAD_DIM, HEAD_DIM)[:, 0]
     padded = base | {"initial_state": blocks}
-    assert launch._recurrent_layout(*padded.values())
+    assert kda_recurrent_plans._recurrent_layout(*padded.values())
     assert kind(padded) != kind(base)
     table = torch.arange(1, 13, dtype=torch.int32).reshape(-1, 4)
     assert kind(base | {"ssm_state_indices": table[:3, 0]}) != kind(base)
     transposed = base | {"initial_state": base["initial_state"].mT}
-    assert not launch._recurrent_layout(*transposed.values())
+    assert not kda_recurrent_plans._recurrent_layout(*transposed.values())
 
 
 def batch_call(decodes=3, prefill=5, heads=HEADS, dim=HEAD_DIM, slots=8, width=2):
@@ -410,18 +434,20 @@ def _signature(call) -> tuple:
     """recurrent_kda_launched's plan lookup key for ``call``, its pointers'
     alignment taken in the order the launch takes it."""
     q, k, v, raw_g, raw_beta, A_log, dt_bias, _, state, cu, idx, out = call[2:]
-    misaligned = launch._misaligned(
+    misaligned = kda_direct_launch._misaligned(
         q, k, v, raw_g, raw_beta, A_log, dt_bias, out, state, cu, idx
     )
-    return launch._recurrent_signature(*call[2:], misaligned)
+    return kda_recurrent_plans._recurrent_signature(*call[2:], misaligned)
 
 
 def _decision(call) -> tuple:
     """What the full check decides for ``call``: covered or not, its kind."""
-    rows = launch._decode_rows(*call)
-    if not launch._recurrent_layout(*rows):
+    rows = kda_recurrent_plans._decode_rows(*call)
+    if not kda_recurrent_plans._recurrent_layout(*rows):
         return (False,)
-    return True, launch._recurrent_key(launch._recurrent_arguments(*rows))
+    return True, kda_recurrent_plans._recurrent_key(
+        kda_recurrent_plans._recurrent_arguments(*rows)
+    )
 
 
 def _moved(tensor: torch.Tensor, elements: int = 1) -> torch.Tensor:
@@ -487,7 +513,9 @@ def test_one_signature_is_one_decision_of_the_full_check():
     seen: dict[tuple, tuple] = {}
     decisions = set()
     for name, call in _variants():
-        enough = launch._rows(call[0], *call[2:7], call[13], call[11], call[12])
+        enough = kda_recurrent_plans._rows(
+            call[0], *call[2:7], call[13], call[11], call[12]
+        )
         if call[0] != call[1] or not enough:  # the launch looks neither up
             assert not _decision(call)[0], name
             continue
@@ -530,15 +558,19 @@ def test_the_direct_launch_passes_the_wrappers_arguments(monkeypatch):
     def record(*args):
         launches.append(args)
 
-    monkeypatch.setattr(launch, "DIRECT", True)
-    monkeypatch.setattr(launch, "_on_gpu", lambda tensor: True)
-    monkeypatch.setattr(launch, "_recurrent_kernel", Kernel)
-    monkeypatch.setattr(launch, "_direct", lambda binary: (record, "fn", "meta"))
-    monkeypatch.setattr(launch, "_current_stream", lambda device: ("stream", device))
-    monkeypatch.setattr(launch, "_RECURRENT_PLANS", {})
-    monkeypatch.setattr(launch, "_RECURRENT_SIGNATURES", {})
+    monkeypatch.setattr(kda_launch_entry, "DIRECT", True)
+    monkeypatch.setattr(kda_launch_entry, "_on_gpu", lambda tensor: True)
+    monkeypatch.setattr(kda_recurrent_plans, "_recurrent_kernel", Kernel)
     monkeypatch.setattr(
-        launch, "RECURRENT_STATS", {"vendored_calls": 0, "plans_made": 0}
+        kda_recurrent_plans, "_direct", lambda binary: (record, "fn", "meta")
+    )
+    monkeypatch.setattr(
+        kda_launch_entry, "_current_stream", lambda device: ("stream", device)
+    )
+    monkeypatch.setattr(kda_launch_entry, "_RECURRENT_PLANS", {})
+    monkeypatch.setattr(kda_launch_entry, "_RECURRENT_SIGNATURES", {})
+    monkeypatch.setattr(
+        kda_launch_entry, "RECURRENT_STATS", {"vendored_calls": 0, "plans_made": 0}
     )
     wrapper = []
 
@@ -546,29 +578,35 @@ def test_the_direct_launch_passes_the_wrappers_arguments(monkeypatch):
         wrapper.append(kwargs)
 
     first = batch_call(decodes=3)
-    launch.recurrent_kda_launched(vendored, *first)
+    kda_launch_entry.recurrent_kda_launched(vendored, *first)
     assert len(wrapper) == 1 and launches == []
     ((args, grid, warmup, warps, stages),) = compiled
-    expected = launch._recurrent_arguments(*launch._decode_rows(*first))
+    expected = kda_recurrent_plans._recurrent_arguments(
+        *kda_recurrent_plans._decode_rows(*first)
+    )
     assert _described(args) == _described(expected[:-1])
     assert (grid, warmup, warps, stages) == ((1,), True, 4, 2)
-    assert launch.RECURRENT_STATS == {"vendored_calls": 1, "plans_made": 1}
+    assert kda_launch_entry.RECURRENT_STATS == {"vendored_calls": 1, "plans_made": 1}
 
     def pointers(call):
-        arguments = launch._recurrent_arguments(*launch._decode_rows(*call))
+        arguments = kda_recurrent_plans._recurrent_arguments(
+            *kda_recurrent_plans._decode_rows(*call)
+        )
         return tuple(a.data_ptr() if torch.is_tensor(a) else a for a in arguments)
 
     second = batch_call(decodes=5, prefill=9)
-    launch.recurrent_kda_launched(vendored, *second)
+    kda_launch_entry.recurrent_kda_launched(vendored, *second)
     (call,) = launches
-    arguments = launch._recurrent_arguments(*launch._decode_rows(*second))
-    grid = launch._recurrent_grid(arguments)
+    arguments = kda_recurrent_plans._recurrent_arguments(
+        *kda_recurrent_plans._decode_rows(*second)
+    )
+    grid = kda_recurrent_plans._recurrent_grid(arguments)
     assert call[:9] == (grid, 1, 1, ("stream", -1), "fn", "meta", None, None, None)
     assert call[9:] == pointers(second)
     assert len(wrapper) == 1
 
-    monkeypatch.setattr(launch, "_RECURRENT_SIGNATURES", {})
-    launch.recurrent_kda_launched(vendored, *second)
+    monkeypatch.setattr(kda_launch_entry, "_RECURRENT_SIGNATURES", {})
+    kda_launch_entry.recurrent_kda_launched(vendored, *second)
     assert len(wrapper) == 1 and len(launches) == 2 and len(compiled) == 1
     assert launches[1][9:] == pointers(second)
-    assert len(launch._RECURRENT_SIGNATURES) == 1
+    assert len(kda_launch_entry._RECURRENT_SIGNATURES) == 1

@@ -17,6 +17,10 @@ import vllm.models.kimi_k3.amd.ops.third_party.kda.chunk as chunk
 import vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch as launch
 from support.vllm_trees import installed_root
 from triton import Config
+from vllm.models.kimi_k3.amd.ops.third_party.kda import (
+    kda_chunk_plans,
+    kda_launch_entry,
+)
 
 from k3rocm.smoke.chunk_reference import cu_seqlens_of, reference_chunk_metadata
 
@@ -80,14 +84,21 @@ def racy_choice(monkeypatch):
 
 
 def test_a_configuration_outside_the_list_is_named(racy_choice):
-    outside = launch.outside_allowed_configs(launch.chosen_configs(-5.0), -5.0)
+    outside = kda_chunk_plans.outside_allowed_configs(
+        kda_chunk_plans.chosen_configs(-5.0), -5.0
+    )
     assert len(outside) == 1 and outside[0].startswith("recompute_w_u: ")
     assert "num_stages: 4" in outside[0]
 
 
 def test_every_configuration_on_the_list_passes(racy_choice, monkeypatch):
     monkeypatch.setattr(racy_choice, "best_config", racy_choice.configs[-1])
-    assert launch.outside_allowed_configs(launch.chosen_configs(-5.0), -5.0) == []
+    assert (
+        kda_chunk_plans.outside_allowed_configs(
+            kda_chunk_plans.chosen_configs(-5.0), -5.0
+        )
+        == []
+    )
 
 
 def test_a_kind_with_such_a_configuration_gets_no_plan_and_runs_vllm(
@@ -96,14 +107,16 @@ def test_a_kind_with_such_a_configuration_gets_no_plan_and_runs_vllm(
     """The call runs the vendored path, the kind is refused once (counted)
     and never planned, and later calls of it are vendored without another
     attempt."""
-    monkeypatch.setattr(launch, "DIRECT", True)
-    monkeypatch.setattr(launch, "_handled", lambda prepared: True)
-    monkeypatch.setattr(launch, "_REFUSED", set())
-    monkeypatch.setattr(launch, "STATS", dict.fromkeys(launch.STATS, 0))
-    attempts = []
-    make_plan = launch._make_plan
+    monkeypatch.setattr(kda_launch_entry, "DIRECT", True)
+    monkeypatch.setattr(kda_launch_entry, "_handled", lambda prepared: True)
+    monkeypatch.setattr(kda_launch_entry, "_REFUSED", set())
     monkeypatch.setattr(
-        launch, "_make_plan", lambda p: attempts.append(1) or make_plan(p)
+        kda_launch_entry, "STATS", dict.fromkeys(kda_launch_entry.STATS, 0)
+    )
+    attempts = []
+    make_plan = kda_launch_entry._make_plan
+    monkeypatch.setattr(
+        kda_launch_entry, "_make_plan", lambda p: attempts.append(1) or make_plan(p)
     )
     vendored = []
 
@@ -113,8 +126,12 @@ def test_a_kind_with_such_a_configuration_gets_no_plan_and_runs_vllm(
 
     args = call()
     for _ in range(3):
-        assert launch.chunk_kda_launched(run_vendored, *args) == "vendored"
+        assert kda_launch_entry.chunk_kda_launched(run_vendored, *args) == "vendored"
     assert len(vendored) == 3 and len(attempts) == 1
-    assert launch.STATS == {"vendored_calls": 3, "plans_made": 0, "plans_refused": 1}
-    assert launch._REFUSED == {launch.call_kind(args)}
-    assert launch.call_kind(args) not in launch._PLANS
+    assert kda_launch_entry.STATS == {
+        "vendored_calls": 3,
+        "plans_made": 0,
+        "plans_refused": 1,
+    }
+    assert kda_launch_entry._REFUSED == {kda_chunk_plans.call_kind(args)}
+    assert kda_chunk_plans.call_kind(args) not in kda_launch_entry._PLANS

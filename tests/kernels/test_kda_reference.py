@@ -30,6 +30,10 @@ from support.kda_interpreter import (
     poisoned,
 )
 from triton.runtime.errors import InterpreterError
+from vllm.models.kimi_k3.amd.ops.third_party.kda import (
+    kda_chunk_forward,
+    kda_chunk_plans,
+)
 
 from k3rocm.smoke import kda_reference as ref
 from k3rocm.smoke.chunk_reference import cu_seqlens_of, reference_chunk_metadata
@@ -312,16 +316,19 @@ def test_the_launched_sequence_on_poisoned_memory_matches_the_reference(
     lower_bound = -5.0
     interpretable(monkeypatch, lower_bound)
     args = chunk_args([1, 65, 0, 3], lower_bound)
-    prepared = launch.prepare(*fresh(args))
-    consts = launch._consts(
-        launch.chosen_configs(lower_bound), lower_bound, prepared[0], prepared[1]
+    prepared = kda_chunk_forward.prepare(*fresh(args))
+    consts = kda_chunk_plans._consts(
+        kda_chunk_plans.chosen_configs(lower_bound),
+        lower_bound,
+        prepared[0],
+        prepared[1],
     )
-    monkeypatch.setattr(launch, "_carve", poisoned(launch._carve))
+    monkeypatch.setattr(kda_chunk_forward, "_carve", poisoned(kda_chunk_forward._carve))
 
     def run(site, grid, *kernel_args):
         launch.unwrap(launch.site_kernel(site, lower_bound))[0][grid](*kernel_args)
 
-    out, final = launch._forward(run, consts, False, *prepared)
+    out, final = kda_chunk_forward._forward(run, consts, False, *prepared)
     assert passes(within(out, final, chunk_expected(args)))
 
 

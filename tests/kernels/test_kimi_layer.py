@@ -18,7 +18,6 @@ import pytest
 import torch
 import vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn as kimi_layer
 import vllm.models.kimi_k3.amd.ops.third_party.kda as amd_kda
-import vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch as chunk_launch
 import vllm.models.kimi_k3.nvidia.ops.third_party.kda as nvidia_kda
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -41,6 +40,11 @@ from vllm.forward_context import set_forward_context
 from vllm.models.kimi_k3.amd.kda_metadata import (
     KimiK3ROCmKDABackend,
     KimiK3ROCmKDAMetadataBuilder,
+)
+from vllm.models.kimi_k3.amd.ops.third_party.kda import (
+    kda_chunk_plans,
+    kda_launch_warm_up,
+    kda_recurrent_plans,
 )
 from vllm.platforms import current_platform
 from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
@@ -261,7 +265,7 @@ def test_elsewhere_the_layer_is_vllm_0271s(layer, vllm_config, recorder):
     assert recorder.recurrent == []
 
 
-# The chunk KDA warm-up (kda_chunk_launch.warm_up_chunk_kda, called by the
+# The chunk KDA warm-up (kda_launch_warm_up.warm_up_chunk_kda, called by the
 # ROCm builder) must lay out its calls as the layer lays out its own: every
 # integer Triton specializes, and every pointer's alignment, picks a
 # binary, and raw_beta is a strided view of the fused projection. Kinds of
@@ -284,8 +288,8 @@ def full_rank_layer(vllm_config):
 
 def warm_up_kinds(layer) -> set:
     return {
-        chunk_launch.call_kind(args)
-        for args in chunk_launch.warm_up_calls(layer, MAX_TOKENS, "cpu")
+        kda_chunk_plans.call_kind(args)
+        for args in kda_launch_warm_up.warm_up_calls(layer, MAX_TOKENS, "cpu")
     }
 
 
@@ -356,14 +360,14 @@ def test_the_warm_up_makes_every_kind_of_call_the_layer_makes(
     # The layer's raw_beta is the strided view the warm-up must match.
     assert not call["raw_beta"].is_contiguous()
     args = tuple(call.get(name) for name in CALL_ORDER)
-    assert chunk_launch.call_kind(args) in kinds[id(target)]
+    assert kda_chunk_plans.call_kind(args) in kinds[id(target)]
 
 
 def test_contiguous_stand_ins_would_miss_kinds_the_layer_makes(layer, kinds):
     """Why the warm-up cuts raw_beta from a projection: with dense stand-ins
     (the warm-up before this change), the layer's calls are other kinds."""
-    calls = chunk_launch.LayerCalls(layer, 32, torch.device("cpu"))
-    dense = {chunk_launch.call_kind(calls(t, t, True)) for t in range(1, 33)}
+    calls = kda_launch_warm_up.LayerCalls(layer, 32, torch.device("cpu"))
+    dense = {kda_chunk_plans.call_kind(calls(t, t, True)) for t in range(1, 33)}
     assert dense <= kinds[id(layer)]
     assert kinds[id(layer)] - dense
 
@@ -391,7 +395,7 @@ def test_the_rocm_builder_warms_up_its_groups_kimi_layers(
 
 # The recurrent kernel that takes a mixed batch's decodes bakes in the row
 # strides of its inputs, of the state pool and of the state indices; its
-# warm-up (kda_chunk_launch.warm_up_recurrent_kda, run by the ROCm builder
+# warm-up (kda_launch_warm_up.warm_up_recurrent_kda, run by the ROCm builder
 # at its first build) must meet the kind of the layer's own call for the
 # layer's real pool and the step's real block table.
 RECURRENT_ORDER = (
@@ -445,8 +449,10 @@ def wide_table(metadata):
 def recurrent_kind(kwargs) -> tuple:
     """The kind (plan key) of the wrapper call the layer made."""
     call = tuple(kwargs[name] for name in RECURRENT_ORDER)
-    assert chunk_launch._recurrent_layout(*call)
-    return chunk_launch._recurrent_key(chunk_launch._recurrent_arguments(*call))
+    assert kda_recurrent_plans._recurrent_layout(*call)
+    return kda_recurrent_plans._recurrent_key(
+        kda_recurrent_plans._recurrent_arguments(*call)
+    )
 
 
 @pytest.mark.parametrize("gate", [0, 1], ids=["low-rank", "full-rank"])
@@ -472,15 +478,15 @@ def test_the_recurrent_warm_up_meets_the_layers_decode_call(
     (call,) = recorder.recurrent
     pool = target.kv_cache[1]
     indices = common.block_table_tensor[:, 0]
-    warm = chunk_launch.recurrent_warm_up_call(target, pool, indices)
-    assert chunk_launch.recurrent_call_kind(warm) == recurrent_kind(call)
+    warm = kda_launch_warm_up.recurrent_warm_up_call(target, pool, indices)
+    assert kda_recurrent_plans.recurrent_call_kind(warm) == recurrent_kind(call)
     dense_pool = torch.zeros(pool.shape)
     dense_indices = indices.contiguous()
     for other in (
-        chunk_launch.recurrent_warm_up_call(target, dense_pool, indices),
-        chunk_launch.recurrent_warm_up_call(target, pool, dense_indices),
+        kda_launch_warm_up.recurrent_warm_up_call(target, dense_pool, indices),
+        kda_launch_warm_up.recurrent_warm_up_call(target, pool, dense_indices),
     ):
-        assert chunk_launch.recurrent_call_kind(other) != recurrent_kind(call)
+        assert kda_recurrent_plans.recurrent_call_kind(other) != recurrent_kind(call)
 
 
 def test_the_rocm_builder_warms_up_the_recurrent_launches_at_its_first_build(
