@@ -9,6 +9,14 @@
 #                                            # it, then its warm-cache timings;
 #                                            # K3_PER_CALL=1: then gpu_peel.py's
 #                                            # per-call times (K3_PEEL_ONLY)
+#     bash benchmarks/gpu_k37.sh heads       # issue 38 item 3 (and issue 37's
+#                                            # spec run): gpu_reference.py at 6,
+#                                            # 12 and 96 heads side by side
+#                                            # (correctness only), then gpu_peel.py
+#                                            # at 12 heads on a quiet machine with
+#                                            # 0.27.1's layer as the step model's
+#                                            # other side, then gpu_spec.py where
+#                                            # it exists; each under a time limit
 set -uo pipefail
 export OUT=${OUT:-/tmp/k3-gpu} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -45,8 +53,30 @@ reference)
   fi
   echo "== all: $((SECONDS - start)) s"
   ;;
+heads)
+  for heads in 6 12 96; do
+    mkdir -p "$OUT/heads-$heads"
+    K3_HEADS=$heads OUT=$OUT/heads-$heads K3_REF_SECONDS=${K3_REF_SECONDS:-30} \
+      timeout "${K3_REF_LIMIT:-180}" python3 gpu_reference.py >"/tmp/reference-$heads.log" 2>&1 &
+  done
+  for job in $(jobs -p); do
+    wait "$job" || { echo "!! a reference run exited $?"; status=1; }
+  done
+  for heads in 6 12 96; do
+    echo "== reference at $heads heads"
+    tail -n 40 "/tmp/reference-$heads.log"  # here: $OUT keeps 8 files at most
+  done
+  echo "== references: $((SECONDS - start)) s"
+  K3_PEEL_BEFORE=0.27.1 timeout "${K3_PEEL_LIMIT:-260}" python3 gpu_peel.py ||
+    { echo "!! peel exited $?"; status=1; }
+  echo "== peel: $((SECONDS - start)) s"
+  if [ -f gpu_spec.py ]; then
+    timeout "${K3_SPEC_LIMIT:-150}" python3 gpu_spec.py || { echo "!! spec exited $?"; status=1; }
+    echo "== spec: $((SECONDS - start)) s"
+  fi
+  ;;
 *)
-  echo "usage: gpu_k37.sh peel|reference" >&2
+  echo "usage: gpu_k37.sh peel|reference|heads" >&2
   exit 2
   ;;
 esac

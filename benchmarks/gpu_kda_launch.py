@@ -165,7 +165,7 @@ def layer_split_projection():
 
 
 class StandInLayer:
-    """What the warm-up reads of a Kimi KDA layer, one rank of TP8 (8 heads
+    """What the warm-up reads of a Kimi KDA layer, one rank of TP8 (12 heads
     of 128), bf16, the layer's own split_projection; the fused projection's
     width as the layer sizes it."""
 

@@ -75,6 +75,10 @@ from vllm.models.kimi_k3.amd.ops.third_party.kda import (  # noqa: E402
 metadata = gkl.metadata
 ROUNDS = gb.ROUNDS
 BEFORE, PREVIOUS, AFTER = "k3.5", "k3.6", "k3.7"
+# The step model's other side: k3.5, or with K3_PEEL_BEFORE=0.27.1 vLLM
+# 0.27.1's layer (the builder's host metadata and its copy, then each KDA
+# call building its own metadata with a device sync, as gpu_bench.py's).
+STEP_BEFORE = os.environ.get("K3_PEEL_BEFORE", BEFORE)
 SHAPES = {
     "7 decodes + 1 x 1k prefill": [1] * 7 + [1024],
     "15 decodes + 1 x 1k prefill": [1] * 15 + [1024],
@@ -632,6 +636,13 @@ def model_step(b: Batch, after: bool, wait_cycles, layer_host_us=None):
     if after:
         args = b.after_args(b.metadata_after())
         call = b.layer_after
+    elif STEP_BEFORE == "0.27.1":
+        gb.host_0271(b.dev, b.host)
+        args = None
+
+        def call(_args):
+            gb.kda_ops.chunk_kda_with_fused_gate(**b.inputs, cu_seqlens=b.dev)
+
     else:
         args = b.before_args(b.metadata_before())
         call = b.layer_before
@@ -670,8 +681,8 @@ def step_costs(b, after, wait_cycles, reps=5) -> dict:
 
 
 def model_rounds(b, wait_cycles, gpu_work, steps=gb.MODEL_STEPS) -> dict:
-    values = {BEFORE: [], AFTER: []}
-    waited = {BEFORE: [], AFTER: []}
+    values = {STEP_BEFORE: [], AFTER: []}
+    waited = {STEP_BEFORE: [], AFTER: []}
     paired = []
     for r in range(ROUNDS + 1):
         repin_to_quiet_cpu()
@@ -695,7 +706,7 @@ def model_rounds(b, wait_cycles, gpu_work, steps=gb.MODEL_STEPS) -> dict:
         by = {True: [], False: []}
         for t, side in zip(intervals, order, strict=True):
             by[side].append(t)
-        for name, side in ((BEFORE, False), (AFTER, True)):
+        for name, side in ((STEP_BEFORE, False), (AFTER, True)):
             values[name].append(statistics.median(by[side]))
             waited[name].append(
                 sum(t > 1.05 * gpu_work[name] for t in by[side]) / steps
@@ -708,7 +719,7 @@ def model_rounds(b, wait_cycles, gpu_work, steps=gb.MODEL_STEPS) -> dict:
             n: statistics.median(v) for n, v in values.items()
         },
         "step ms per round": values,
-        f"paired ({AFTER} - {BEFORE}, ms): median / min / max": [
+        f"paired ({AFTER} - {STEP_BEFORE}, ms): median / min / max": [
             statistics.median(paired),
             min(paired),
             max(paired),
@@ -730,7 +741,7 @@ def step_model() -> dict:
         for side in (False, True):  # plans for the step's calls
             model_step(b, side, wait_cycles)
         costs = {
-            BEFORE: step_costs(b, False, wait_cycles),
+            STEP_BEFORE: step_costs(b, False, wait_cycles),
             AFTER: step_costs(b, True, wait_cycles),
         }
         row = model_rounds(
@@ -741,7 +752,7 @@ def step_model() -> dict:
         print(
             name,
             json.dumps(costs),
-            row[f"paired ({AFTER} - {BEFORE}, ms): median / min / max"],
+            row[f"paired ({AFTER} - {STEP_BEFORE}, ms): median / min / max"],
             row["share of steps the GPU waited for the host (all rounds)"],
             flush=True,
         )

@@ -4,8 +4,8 @@ on the lent GPU, issue 28 item 2 (H200 part), in one process:
 1. random mixed non-spec batches (decodes first, then prefills of random
    lengths, 1/63/64/65 and long ones up to 4,096 tokens in all, zero-length
    padding at the back; prefills with and without initial states; bf16
-   inputs, fp32 state pool; lower bound -5.0; 8 heads of 128), the caching
-   allocator poisoned with NaN bytes before every batch, through
+   inputs, fp32 state pool; lower bound -5.0; 12 heads of 128, a TP8 rank),
+   the caching allocator poisoned with NaN bytes before every batch, through
    - "fixed, vendored": the series' layer order (k3.6 on): the decodes
      through fused_recurrent_kda on the pool with their state indices
      (outputs into their rows, ``out=``), the prefill slice

@@ -90,7 +90,7 @@ def test_a_wrong_answer_does_not_score(answer, off):
 )
 def test_no_whole_number_scores_nothing(reply):
     assert not is_correct(reply, 42)
-    assert final_number(reply) in (None, 12) or reply == "v2x"
+    assert final_number(reply) is None
 
 
 def test_fractional_and_negative_numbers_are_read_as_they_are():
@@ -173,6 +173,7 @@ def server(tmp_path_factory):
     model = build_tiny_llama(workdir / "model")
     key_file = workdir / "key"
     key_file.write_text(API_KEY + "\n")
+    key_file.chmod(0o600)  # the key reader refuses one every user can read
     with running_vllm_server(
         model,
         workdir / "vllm.log",
@@ -234,7 +235,8 @@ def test_accept_runs_vllm_bench_and_the_gate_fails_on_a_dummy_model(server, tmp_
         saved = json.loads((out / f"bench-c{concurrency}.json").read_text())
         log = (out / f"bench-c{concurrency}.log").read_text()
         # vLLM's own benchmark ran: its arguments, its warm-up, its table.
-        assert "Warming up with 1" in log or f"Warming up with {concurrency}" in log
+        # --warmups-per-concurrency 1: as many warm-up requests as clients.
+        assert f"Warming up with {concurrency} requests" in log
         assert saved["max_concurrency"] == concurrency
         assert saved["num_prompts"] == 3 * concurrency
         assert saved["completed"] == 3 * concurrency and saved["failed"] == 0
@@ -276,6 +278,7 @@ def test_accept_passes_a_zero_threshold_and_refuses_a_wrong_key(server, tmp_path
     ] == ("passed")
     wrong = tmp_path / "wrong-key"
     wrong.write_text("sk-not-the-key\n")
+    wrong.chmod(0o600)
     result = accept(["--base-url", running.base_url, "--api-key-file", str(wrong)])
     assert result.returncode == 2
     assert "answered HTTP 401" in result.stderr and "Traceback" not in result.stderr

@@ -32,7 +32,13 @@ def test_bundle_holds_patched_pristine_and_upstream_kernels(bundle):
 
 
 def test_gpu_scripts_import_against_the_bundle(bundle):
-    for script in ("gpu_check", "gpu_bench", "gpu_compiles", "gpu_ablation"):
+    for script in (
+        "gpu_check",
+        "gpu_bench",
+        "gpu_compiles",
+        "gpu_ablation",
+        "gpu_spec",
+    ):
         result = subprocess.run(
             [sys.executable, "-c", f"import {script}"],
             cwd=BENCHMARKS,

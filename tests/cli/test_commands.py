@@ -18,6 +18,9 @@ from k3rocm.cli.commands import BY_NAME, COMMANDS, commands_table
 
 SRC = REPO / "src"
 K3ROCM = shutil.which("k3rocm", path=str(Path(sys.executable).parent))
+# The interpreter the script runs under (its shebang): the launcher's dry run
+# prints it.
+SCRIPT_PYTHON = Path(K3ROCM).read_text().splitlines()[0].removeprefix("#!")
 
 
 def entry_modules() -> set[str]:
@@ -72,26 +75,34 @@ def test_help_lists_every_command_and_an_unknown_one_is_one_line():
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "code", "says"),
     [
         # A dry run that prints the command, and one the launcher refuses (2).
-        ["launch", "--dry-run", "--profile", "cpu-dev", "--model", "/m"],
-        ["launch", "--dry-run", "--profile", "no-such"],
+        (
+            ["launch", "--dry-run", "--profile", "cpu-dev", "--model", "MODEL"],
+            0,
+            "--served-model-name",
+        ),
+        (["launch", "--dry-run", "--profile", "no-such"], 2, ""),
         # A module run with a leading subcommand, and a generator.
-        ["ctl", "--help"],
-        ["settings"],
+        (["ctl", "--help"], 0, "Usage:"),
+        (["settings"], 0, "K3_PROFILE"),
     ],
 )
-def test_a_command_is_its_module(args, tmp_path):
+def test_a_command_is_its_module(args, code, says, tmp_path):
     """Same output and exit status as `python -m MODULE` with the same
-    arguments."""
+    arguments, and the status and output each case is known for (both
+    failing alike does not pass)."""
     command = BY_NAME[args[0]]
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    args = [str(model) if arg == "MODEL" else arg for arg in args]
     env = {**os.environ, "K3_RUN_DIR": str(tmp_path)}
     through_script = run(K3ROCM, *args, env=env)
     through_module = run(
-        sys.executable, "-m", command.module, *command.leading, *args[1:], env=env
+        SCRIPT_PYTHON, "-m", command.module, *command.leading, *args[1:], env=env
     )
-    assert through_script.returncode == through_module.returncode
+    assert through_script.returncode == through_module.returncode == code
     assert through_script.stdout == through_module.stdout
-    if args[1:3] == ["--dry-run", "--profile"] and args[3] == "no-such":
-        assert through_script.returncode == 2
+    assert says in through_script.stdout

@@ -43,6 +43,14 @@ def test_every_setting_has_a_unique_variable_and_a_known_group():
         assert setting.meaning.endswith("."), setting.env
 
 
+def test_readme_container_table_has_one_row_per_container_setting():
+    """Read from the README itself, not through the generator: a row the
+    generator dropped, or one it doubled, fails here."""
+    section = README.split("### Configuration", 1)[1].split("\n### ", 1)[0]
+    rows = re.findall(r"^\| `(K3_[A-Z0-9_]+)` \|", section, re.M)
+    assert sorted(rows) == sorted(s.env for s in SETTINGS if s.group == CONTAINER)
+
+
 def test_readme_container_table_is_the_table():
     section = README.split("### Configuration", 1)[1].split("\n### ", 1)[0]
     assert markdown_table(CONTAINER) in section, (

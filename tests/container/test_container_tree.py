@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from support.bodiless import answer_of, headers_only
@@ -26,9 +27,19 @@ from support.container_tree import (
     start_container_tree,
     stop_container_tree,
 )
+from support.hostile_clients import (
+    PIECE,
+    abandoned_streams,
+    deep_prompt,
+    oversized_body,
+    peak_growth,
+    post_raw,
+)
 from support.mounts import full
 
 from k3rocm.common.exit_codes import ExitCode
+from k3rocm.common.metric_names import API_BODY_TOO_LARGE
+from k3rocm.common.setting_table import SERVED_MODEL_NAME
 
 # A cold vLLM CPU server takes ~50 s here; the smoke test's stage 1 ~25 s.
 SERVER_START = 240
@@ -46,6 +57,11 @@ def checks(report: dict, stage: str) -> dict[str, str]:
     return {c["name"]: c["status"] for c in report["stages"][stage]["checks"]}
 
 
+def detail(report: dict, stage: str, check: str) -> str:
+    [found] = [c for c in report["stages"][stage]["checks"] if c["name"] == check]
+    return found["detail"]
+
+
 @pytest.fixture
 def container(tmp_path):
     trees = []
@@ -57,6 +73,65 @@ def container(tmp_path):
     yield start
     for tree in trees:
         stop_container_tree(tree)
+
+
+BODY_LIMIT = 8 << 20  # K3_MAX_REQUEST_BYTES of the serving test
+OVERSIZED_CLIENTS = 4
+# What those clients may add to the API server's resident memory: each holds
+# at most the limit and one piece of its body while it is read, plus room for
+# the allocator's and the HTTP server's own buffers.
+SLACK = 64 << 20
+GROWTH_BOUND = OVERSIZED_CLIENTS * (BODY_LIMIT + PIECE) + SLACK
+MODEL = SERVED_MODEL_NAME.default
+
+
+def survives_hostile_clients(tree) -> None:
+    """Issue 39's clients against a serving tree, each bounded: a 1.5 GB
+    declared body (413 before it is read), concurrent chunked bodies over
+    the limit (413 at the limit, memory within GROWTH_BOUND), a body just
+    under the limit (served), a prompt nested 100,000 deep (400), 200
+    streams abandoned at random points and 2,000 connections that send
+    headers only (health still answers at once, nothing left in flight)."""
+    api = tree.vllm_pid()
+    (status, _), growth = peak_growth(
+        api,
+        lambda: oversized_body(tree.port, 1_500_000_000, declared=True, model=MODEL),
+    )
+    assert status == 413 and growth < SLACK, growth
+
+    def flood() -> list:
+        with ThreadPoolExecutor(OVERSIZED_CLIENTS) as pool:
+            sizes = [8 * BODY_LIMIT] * OVERSIZED_CLIENTS
+            return list(
+                pool.map(
+                    lambda n: oversized_body(tree.port, n, declared=False, model=MODEL),
+                    sizes,
+                )
+            )
+
+    answers, growth = peak_growth(api, flood)
+    assert [status for status, _ in answers] == [413] * OVERSIZED_CLIENTS
+    assert growth < GROWTH_BOUND, (growth, GROWTH_BOUND)
+    assert metric_value(tree.port, API_BODY_TOO_LARGE + "_total") == 1 + len(answers)
+
+    request = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 2})
+    assert post_raw(tree.port, request.encode().ljust(BODY_LIMIT)) == 200
+    assert post_raw(tree.port, deep_prompt(100_000, MODEL)) == 400
+
+    assert abandoned_streams(tree.port, 200, MODEL, seed=39) > 0
+    held = [headers_only(tree.port) for _ in range(2000)]
+    try:
+        started = time.monotonic()
+        assert tree.health().returncode == 0
+        assert time.monotonic() - started < 10
+    finally:
+        for client in held:
+            client.close()
+    tree.wait_for(
+        "no request in flight",
+        lambda: metric_value(tree.port, "k3rocm_api_requests_in_flight") == 0,
+        60,
+    )
 
 
 @pytest.mark.server
@@ -74,7 +149,9 @@ def test_smoke_passes_then_sigterm_stops_vllm_gracefully(container, tmp_path):
     holder.stdout.readline()
     holder.kill()
     holder.wait()
-    tree = container(AITER_JIT_DIR=str(tmp_path / "aiter"))
+    tree = container(
+        AITER_JIT_DIR=str(tmp_path / "aiter"), K3_MAX_REQUEST_BYTES=str(BODY_LIMIT)
+    )
     ready = tree.run_dir / "ready"
     tree.wait_for("ready mark", ready.is_file, SERVER_START)
     assert f"removed stale AITER JIT lock {stale} (its holder is gone)" in tree.log
@@ -96,13 +173,15 @@ def test_smoke_passes_then_sigterm_stops_vllm_gracefully(container, tmp_path):
         "prefill metrics": "pass",
         "sampled completion": "pass",
     }
-    assert "not ROCm" in report["stages"]["stage1"]["checks"][2]["detail"]
-    assert report["stages"]["stage1"]["checks"][1]["detail"].startswith("device: ")
+    assert "not ROCm" in detail(report, "stage1", "kimi backend")
+    assert detail(report, "stage1", "kda metadata path").startswith("device: ")
     assert "k3rocm.smoke: verdict=pass policy=stop" in tree.log
     assert "the engine stalled" not in tree.log
     health = tree.health()
     assert health.returncode == 0, health.stdout
     assert metric_value(tree.port, "k3rocm_smoke_verdict") == 1
+
+    survives_hostile_clients(tree)
 
     # 40 clients that sent a POST's headers and never its body (issue 31:
     # one held a 30 s grace to its end, and supervisord SIGKILLed vLLM).
@@ -134,7 +213,7 @@ def test_warn_policy_serves_with_failed_smoke_and_vllm_killed_once_restarts(
     report = tree.report
     assert report["verdict"] == "fail" and report["policy"] == "warn"
     assert checks(report, "stage1") == {"patch marker": "fail"}
-    assert "pristine" in report["stages"]["stage1"]["checks"][0]["detail"]
+    assert "pristine" in detail(report, "stage1", "patch marker")
     assert checks(report, "stage2")["completion"] == "pass"
     assert "SERVING ANYWAY" in tree.log
     assert ready.read_text().strip() == "fail"

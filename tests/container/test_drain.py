@@ -13,7 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
-from k3rocm.common.setting_table import STOP_GRACE_SECONDS, SettingError
+from k3rocm.common.metric_names import API_BODY_TOO_LARGE
+from k3rocm.common.setting_table import (
+    MAX_REQUEST_BYTES,
+    STOP_GRACE_SECONDS,
+    SettingError,
+)
 from k3rocm.common.stop_budget import StopBudget
 from k3rocm.container import drain
 
@@ -200,11 +205,14 @@ def test_unset_grace_is_the_default():
     assert budgets == [StopBudget(120)] * 3
 
 
-def run_with_body(middleware, messages, *, drain_after=None, tmp_path=None):
+def run_with_body(
+    middleware, messages, *, drain_after=None, tmp_path=None, headers=(), taken=None
+):
     """One POST whose body messages arrive as given (a float: wait that long
-    first; None: never arrives); with ``drain_after`` seconds, the drain
-    mark is written then. Returns (status, what the app received, in-flight
-    counts the app saw)."""
+    first; None: never arrives), with ``headers``; with ``drain_after``
+    seconds, the drain mark is written then; ``taken`` collects the
+    messages the middleware received. Returns (status, what the app
+    received, in-flight counts the app saw)."""
     sent: dict = {"status": None}
     got: list = []
     counts: list = []
@@ -218,6 +226,8 @@ def run_with_body(middleware, messages, *, drain_after=None, tmp_path=None):
             if isinstance(item, float):
                 await asyncio.sleep(item)
                 continue
+            if taken is not None:
+                taken.append(item)
             return item
         await asyncio.Event().wait()
 
@@ -245,7 +255,12 @@ def run_with_body(middleware, messages, *, drain_after=None, tmp_path=None):
                 drain.write_drain_mark(tmp_path, time.time() + 60)
 
             marker = asyncio.ensure_future(mark())
-        scope = {"type": "http", "path": "/v1/completions", "method": "POST"}
+        scope = {
+            "type": "http",
+            "path": "/v1/completions",
+            "method": "POST",
+            "headers": list(headers),
+        }
         await asyncio.wait_for(wrapped(scope, receive, send), 10)
         if drain_after is not None:
             await marker
@@ -298,3 +313,73 @@ def test_a_drain_answers_a_bodiless_request_503_at_once(middleware, tmp_path):
 def test_a_client_gone_before_its_body_leaves_nothing(middleware):
     sent, _, counts = run_with_body(middleware, [{"type": "http.disconnect"}])
     assert sent["status"] is None and counts == []
+
+
+LIMIT = 4096  # K3_MAX_REQUEST_BYTES's lowest allowed value
+
+
+@pytest.fixture
+def limited(tmp_path, monkeypatch):
+    monkeypatch.setenv("K3_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("K3_MAX_REQUEST_BYTES", str(LIMIT))
+
+
+def too_large() -> float:
+    return REGISTRY.get_sample_value(API_BODY_TOO_LARGE + "_total") or 0.0
+
+
+def test_a_declared_length_over_the_limit_is_answered_413_before_any_body(limited):
+    before, refused = in_flight(), too_large()
+    taken: list = []
+    sent, got, counts = run_with_body(
+        None,
+        [chunk(b"x" * 100, True), None],
+        headers=[(b"content-length", str(1_500_000_000).encode())],
+        taken=taken,
+    )
+    assert sent["status"] == 413 and sent["headers"][b"connection"] == b"close"
+    assert taken == [] and got == [] and counts == []
+    assert too_large() == refused + 1 and in_flight() == before
+
+
+def test_a_chunked_body_is_cut_as_soon_as_it_passes_the_limit(limited):
+    """No declared length: counted as it arrives, refused at the piece that
+    passes the limit; the pieces after it are never read."""
+    refused = too_large()
+    pieces = [chunk(b"x" * 1000, True) for _ in range(10)] + [chunk(b"", False)]
+    taken: list = []
+    sent, got, counts = run_with_body(None, pieces, taken=taken)
+    assert sent["status"] == 413
+    assert len(taken) == LIMIT // 1000 + 1  # 5,000 bytes passed 4,096
+    assert got == [] and counts == [] and too_large() == refused + 1
+
+
+@given(
+    sizes=st.lists(st.integers(0, 3 * LIMIT // 2), min_size=1, max_size=6),
+    declared=st.booleans(),
+)
+def test_a_body_is_served_exactly_when_it_fits_and_never_read_far_past(sizes, declared):
+    """Any split of any body, its length declared or not: the app gets it
+    whole when it is at most the limit, else the client gets 413; the
+    middleware never holds more than the limit and one piece."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("K3_MAX_REQUEST_BYTES", str(LIMIT))
+        pieces = [chunk(b"y" * n, i < len(sizes) - 1) for i, n in enumerate(sizes)]
+        headers = [(b"content-length", str(sum(sizes)).encode())] if declared else []
+        taken: list = []
+        sent, got, _ = run_with_body(None, pieces, headers=headers, taken=taken)
+    fits = sum(sizes) <= LIMIT
+    assert sent["status"] == (200 if fits else 413)
+    assert b"".join(m["body"] for m in got) == (b"y" * sum(sizes) if fits else b"")
+    held = sum(len(m["body"]) for m in taken)
+    assert held <= LIMIT + max(sizes)
+    if declared and not fits:
+        assert taken == []
+
+
+@pytest.mark.parametrize("text", ["0", "4095", "64MiB", "-1", str(2**34 + 1)])
+def test_a_body_limit_that_cannot_be_used_is_refused_with_its_fix(text):
+    with pytest.raises(SettingError) as refused:
+        MAX_REQUEST_BYTES.read({"K3_MAX_REQUEST_BYTES": text})
+    assert str(refused.value).startswith(f"K3_MAX_REQUEST_BYTES is '{text}', not a")
+    assert "e.g. K3_MAX_REQUEST_BYTES=67108864" in str(refused.value)

@@ -8,8 +8,8 @@ Docker engine may not raise the limit: "error setting rlimit type 8") and its
 `build` are dropped from a copy of compose.yaml (no GPU here, the image is
 already built) by the CPU try-out's k3rocm.tryout.stack, which also adds the
 CPU build's variables and puts in Prometheus and Alertmanager images built
-here from Debian's packages under test-only names (Docker Hub is
-unreachable).
+from Debian's packages as scripts/try-cpu builds them where Docker Hub is
+unreachable (k3rocm.tryout.monitoring).
 Grafana has no image here and is not started (its files have static tests).
 """
 
@@ -27,13 +27,11 @@ from pathlib import Path
 import pytest
 import yaml
 from support.docker_images import (
-    ALERTMANAGER_IMAGE,
-    PROMETHEUS_IMAGE,
     Load,
     container_state,
-    debian_image,
     docker,
     http,
+    monitoring_images,
     server_logs,
     signal_process,
     vllm_processes,
@@ -86,16 +84,8 @@ def project(image, standin, model, pushed_image, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compose")
     pinned = pushed_image["ref"]
     untag_everywhere(image)
-    prometheus = debian_image(
-        standin, "prometheus", PROMETHEUS_IMAGE, tmp / "prometheus-image"
-    )
-    alertmanager = debian_image(
-        standin, "prometheus-alertmanager", ALERTMANAGER_IMAGE, tmp / "am-image"
-    )
-
     stack = cpu_stack(
-        yaml.safe_load((REPO / "compose.yaml").read_text()),
-        {"prometheus": prometheus, "alertmanager": alertmanager},
+        yaml.safe_load((REPO / "compose.yaml").read_text()), monitoring_images()
     )
     derived = tmp / "compose.yaml"
     derived.write_text(yaml.safe_dump(stack))

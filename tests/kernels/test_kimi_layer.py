@@ -298,15 +298,29 @@ def kinds(layer, full_rank_layer):
     return {id(x): warm_up_kinds(x) for x in (layer, full_rank_layer)}
 
 
-@pytest.fixture(scope="module")
-def loaded(layer, full_rank_layer):
-    """What vLLM's model loader does after loading the weights: each linear
-    method prepares its layer (on the CPU, the GEMM it will run)."""
-    for target in (layer, full_rank_layer):
+def prepare_as_on_rocm(target) -> None:
+    """What vLLM's model loader does after loading the weights, as on ROCm:
+    each linear method's ``process_weights_after_loading`` runs with the
+    platform declared ROCm, where an unquantized weight is left as loaded (so
+    the convolution weight keeps the layout the layer's kernels read). ROCm's
+    GEMM needs an AMD GPU; torch's linear stands in for it. vLLM's CPU GEMM
+    dispatch is never taken: which branch it takes depends on the host (with
+    AMX it packs the convolution weight for a bfloat16-only kernel), and an
+    MI355X never runs it."""
+    with pytest.MonkeyPatch.context() as rocm:
+        rocm.setattr(current_platform, "is_cpu", lambda: False)
+        rocm.setattr(current_platform, "is_rocm", lambda: True)
         for module in target.modules():
             method = getattr(module, "quant_method", None)
             if method is not None:
                 method.process_weights_after_loading(module)
+                module.cpu_linear = torch.nn.functional.linear
+
+
+@pytest.fixture(scope="module")
+def loaded(layer, full_rank_layer):
+    for target in (layer, full_rank_layer):
+        prepare_as_on_rocm(target)
 
 
 CALL_ORDER = (
@@ -318,10 +332,11 @@ CALL_ORDER = (
 
 def run_layer(layer, vllm_config, metadata, padded: int, monkeypatch) -> None:
     """The layer's whole forward (its projections included) over ``padded``
-    tokens, of which the batch's are the first (vLLM pads a forward). The
-    projections run as on this CPU (vLLM's ROCm GEMM needs an AMD GPU; on
-    both, the fused projection's output is a dense (tokens, width) tensor),
-    ``_forward`` as on ROCm."""
+    tokens, of which the batch's are the first (vLLM pads a forward), of a
+    layer prepared by ``prepare_as_on_rocm``. The projections run through
+    vLLM's linear layers on the GEMM stand-in (ROCm's GEMM, like it, returns
+    the fused projection as a dense (tokens, width) tensor), ``_forward`` as
+    on ROCm."""
     hidden = torch.randn(padded, layer.hidden_size)
     on_cpu = layer._forward
 
@@ -361,6 +376,33 @@ def test_the_warm_up_makes_every_kind_of_call_the_layer_makes(
     assert not call["raw_beta"].is_contiguous()
     args = tuple(call.get(name) for name in CALL_ORDER)
     assert kda_chunk_plans.call_kind(args) in kinds[id(target)]
+
+
+@pytest.mark.parametrize("amx", [True, False], ids=["AMX reported", "no AMX"])
+def test_the_layer_is_prepared_and_run_alike_whatever_the_host_reports(
+    amx, vllm_config, rocm_builder, recorder, monkeypatch
+):
+    """The layer under test does not depend on the host's instruction set:
+    with AMX reported present (where vLLM's CPU dispatch would pack the
+    convolution weight for its bfloat16-only kernel and a float32 layer
+    fails to load) and absent, it is prepared as on ROCm, keeps its
+    convolution weight as loaded, and a mixed step's forward hands chunk KDA
+    the prefills and the recurrent kernel the decodes."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    target = make_layer(vllm_config, f"model.layers.{5 + amx}.self_attn")
+    conv_weight = target.conv1d.weight.data.normal_().clone()  # as loaded
+    prepare_as_on_rocm(target)
+    assert torch.equal(target.conv1d.weight, conv_weight)
+    batch = Batch([], 2, [70, 9], 1, [5, 3, 0, 12, 0])
+    metadata = build(rocm_builder, batch, 0)
+    run_layer(
+        target, vllm_config, metadata, int(metadata.num_actual_tokens) + 3, monkeypatch
+    )
+    (call,) = recorder.calls
+    assert lengths(call["cu_seqlens"]) == [70, 9, 0]
+    assert_describes(call["chunk_indices"], call["chunk_offsets"], call["cu_seqlens"])
+    (decode,) = recorder.recurrent
+    assert lengths(decode["cu_seqlens"]) == [1, 1]
 
 
 def test_contiguous_stand_ins_would_miss_kinds_the_layer_makes(layer, kinds):
@@ -431,10 +473,7 @@ def paged_layers(vllm_config):
     ]
     for target in layers:
         bind_pages(target)
-        for module in target.modules():
-            method = getattr(module, "quant_method", None)
-            if method is not None:
-                method.process_weights_after_loading(module)
+        prepare_as_on_rocm(target)
     return layers
 
 

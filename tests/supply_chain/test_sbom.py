@@ -108,7 +108,10 @@ def test_the_sbom_build_step_refuses_a_series_without_its_triage(tmp_path, capsy
 
 def test_the_shipped_series_backports_its_upstream_pull_requests():
     """0001-0004 carry #51862, 0004 and 0008 carry #50649 (the decode peel and
-    the stable recompute_w_u stages); 0005-0007 are this distribution's own.
+    the stable recompute_w_u stages), 0009 carries #50886 and #57098 (the
+    Kimi-K3 reasoning parser), 0011 carries #51682 (the packed decode's
+    state-index stride), 0013 carries #55404 (capture metadata without a
+    device sync); 0005-0007, 0010 and 0012 are this distribution's own.
     The same origins as the patch headers say."""
     patches = patched_component(sbom.bom(SERIES, None))["pedigree"]["patches"]
     origins = {
@@ -125,6 +128,16 @@ def test_the_shipped_series_backports_its_upstream_pull_requests():
             "vllm-project/vllm#50649",
         ],
         "0008-amd-kda-recompute-w-u-stable-stages.patch": ["vllm-project/vllm#50649"],
+        "0011-amd-kda-packed-decode-state-stride.patch": ["vllm-project/vllm#51682"],
+        "0013-gdn-capture-metadata-without-sync.patch": ["vllm-project/vllm#55404"],
+        "0009-kimi-k3-reasoning-parser-fixes.patch": [
+            "vllm-project/vllm#50886",
+            "vllm-project/vllm#57098",
+        ],
+    }
+    released = {
+        "vllm-project/vllm#57098": "0.31.0",
+        "vllm-project/vllm#55404": "0.30.0",
     }
     listed = {path.name for path in SERIES.patches}
     assert origins == {name: prs for name, prs in expected.items() if name in listed}
@@ -132,7 +145,8 @@ def test_the_shipped_series_backports_its_upstream_pull_requests():
     for patch in patches:
         for resolved in patch.get("resolves", []):
             assert resolved["name"] == (
-                f"{resolved['id']} (merged, released in vLLM 0.28.0)"
+                f"{resolved['id']} (merged, released in vLLM "
+                f"{released.get(resolved['id'], '0.28.0')})"
             )
     for path in SERIES.patches:
         header = " ".join(path.read_text().split("\n--- ", 1)[0].split())

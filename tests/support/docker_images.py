@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from k3rocm.tryout.cpu import CPU_SERVER_ENV, CPU_SETTINGS
+from k3rocm.tryout.monitoring import DEBIAN_SERVERS, debian_image
 from support.vllm_server import free_port
 from support.vllm_trees import REPO
 
@@ -69,30 +70,12 @@ def build_standin(variant: str = "plain") -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
-# Test-only images of the monitoring servers (Docker Hub is unreachable here).
-PROMETHEUS_IMAGE = "k3rocm-test-prometheus:debian"
-ALERTMANAGER_IMAGE = "k3rocm-test-alertmanager:debian"
-
-
-# What a Debian monitoring server reads besides its binary: Alertmanager's
-# notification templates.
-DEBIAN_SERVER_FILES = {"prometheus-alertmanager": "/usr/share/prometheus/alertmanager"}
-
-
-def debian_image(base: str, command: str, name: str, context: Path) -> str:
-    """A test-only image of a monitoring server from Debian's package (the
-    binary `scripts/test` installs on this machine, and its data files)."""
-    binary = shutil.which(command)
-    assert binary, f"{command} is missing (scripts/test installs its Debian package)"
-    context.mkdir()
-    shutil.copy(binary, context / "server")
-    dockerfile = f"FROM {base}\nCOPY server /bin/server\n"
-    if command in DEBIAN_SERVER_FILES:
-        shutil.copytree(DEBIAN_SERVER_FILES[command], context / "files")
-        dockerfile += f"COPY files {DEBIAN_SERVER_FILES[command]}\n"
-    (context / "Dockerfile").write_text(dockerfile + 'ENTRYPOINT ["/bin/server"]\n')
-    docker("build", "--network", "none", "--tag", name, str(context))
-    return name
+def monitoring_images() -> dict[str, str]:
+    """Prometheus' and Alertmanager's images as scripts/try-cpu builds them
+    where Docker Hub cannot be reached (k3rocm.tryout.monitoring: Debian's
+    packages on the stand-in base's Debian), one code path for both."""
+    os_image = build_standin("os")
+    return {service: debian_image(os_image, service) for service in DEBIAN_SERVERS}
 
 
 def build_image(base: str) -> str:

@@ -5,10 +5,9 @@ missing (Compose, the engine) before building, names a monitoring image it
 cannot pull, and runs without monitoring when asked.
 
 Stand-ins (docs/testing.md): the stand-in base is the one the script itself
-builds; Prometheus and Alertmanager are images built here from Debian's
-packages and given with --prometheus-image / --alertmanager-image, since
-Docker Hub cannot be reached (on a machine that can, the script runs
-compose.yaml's pinned images).
+builds; Prometheus and Alertmanager are the images the script itself builds
+from Debian's packages (--monitoring-from debian), since Docker Hub cannot
+be reached (on a machine that can, auto runs compose.yaml's pinned images).
 """
 
 from __future__ import annotations
@@ -22,15 +21,11 @@ import subprocess
 import sys
 
 import pytest
-from support.docker_images import (
-    ALERTMANAGER_IMAGE,
-    PROMETHEUS_IMAGE,
-    debian_image,
-    docker,
-    http,
-)
+from support.docker_images import build_standin, docker, http
 from support.vllm_server import free_port
 from support.vllm_trees import REPO
+
+from k3rocm.tryout.monitoring import MonitoringError, debian_image, monitoring_image
 
 TRY_CPU = REPO / "scripts" / "try-cpu"
 PROJECT = "k3rocmtesttry"
@@ -116,17 +111,36 @@ def test_an_engine_that_does_not_answer_is_said_before_anything_is_built(tmp_pat
         "try-cpu: Docker's engine does not answer (docker info: "
     ), done.stderr
     assert "no-engine.sock" in done.stderr and "building" not in done.stderr
+    assert done.stderr.endswith("; as root, scripts/docker-engine start starts one\n")
     assert not (tmp_path / "state").exists()
+
+
+def test_without_dockerd_the_packages_to_install_are_named(tmp_path):
+    """docker and Compose on PATH, no dockerd and no engine: the next step
+    is Debian's packages, then the repository's starter."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("docker", "docker-compose"):
+        (tools / name).symlink_to(shutil.which(name))
+    env = {
+        **os.environ,
+        "PATH": str(tools),
+        "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock",
+    }
+    done = try_cpu("--state-dir", str(tmp_path / "state"), timeout=60, env=env)
+    assert done.returncode == 1
+    assert done.stderr.endswith(
+        "; dockerd is not installed: apt-get install docker.io iptables, then as "
+        "root, scripts/docker-engine start starts one\n"
+    ), done.stderr
 
 
 @pytest.mark.docker
 def test_try_cpu_brings_up_the_stack_answers_and_stops(standin, image, tmp_path):
-    prometheus = debian_image(
-        standin, "prometheus", PROMETHEUS_IMAGE, tmp_path / "prometheus-image"
-    )
-    alertmanager = debian_image(
-        standin, "prometheus-alertmanager", ALERTMANAGER_IMAGE, tmp_path / "am"
-    )
+    """Offline, as a host that cannot reach Docker Hub: the monitoring
+    servers are built from Debian's packages (--monitoring-from debian, so
+    the test never asks Docker Hub), the whole stack comes up, and the
+    printed step query answers with data."""
     api, prometheus_port, alertmanager_port = free_port(), free_port(), free_port()
     where = ["--state-dir", str(tmp_path / "state"), "--project", PROJECT]
     printed = ""
@@ -135,7 +149,7 @@ def test_try_cpu_brings_up_the_stack_answers_and_stops(standin, image, tmp_path)
             *where,
             *("--api-port", str(api), "--prometheus-port", str(prometheus_port)),
             *("--alertmanager-port", str(alertmanager_port)),
-            *("--prometheus-image", prometheus, "--alertmanager-image", alertmanager),
+            *("--monitoring-from", "debian"),
             timeout=3000,
         )
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-5000:]
@@ -146,8 +160,14 @@ def test_try_cpu_brings_up_the_stack_answers_and_stops(standin, image, tmp_path)
             f"http://127.0.0.1:{api}/metrics",
             f"Prometheus:   http://127.0.0.1:{prometheus_port}",
             f"Alertmanager: http://127.0.0.1:{alertmanager_port}",
+            f"targets:      http://127.0.0.1:{prometheus_port}/targets",
         ):
             assert url in printed, (url, printed)
+        for service in ("prometheus", "alertmanager"):
+            assert f"try-cpu: building {service} from Debian's package" in up.stderr
+        [query] = [line for line in printed.splitlines() if line.startswith("step")]
+        status, answer = http(query.removeprefix("step query:").strip())
+        assert status == 200 and json.loads(answer)["data"]["result"], answer
         # What it printed answers: the smoke verdict is a pass on /metrics, the
         # API completes a request of our own, the monitoring servers are up.
         _, metrics = http(f"http://127.0.0.1:{api}/metrics")
@@ -190,8 +210,9 @@ def test_an_unpullable_monitoring_image_is_named_and_no_monitoring_runs_alone(
         f"try-cpu: cannot pull {UNPULLABLE}, the image of prometheus ("
     ), failed.stderr[-3000:]
     assert last.endswith(
-        "); give one this host has or can pull with --prometheus-image REF, or "
-        "try it without monitoring: --no-monitoring"
+        "); give one this host has or can pull with --prometheus-image REF, "
+        "build it from Debian with --monitoring-from debian, or try it without "
+        "monitoring: --no-monitoring"
     ), last
     assert containers_of(project) == ""
     printed = ""
@@ -226,3 +247,34 @@ def test_an_unpullable_monitoring_image_is_named_and_no_monitoring_runs_alone(
             try_cpu(*where, "--down", timeout=600)
     assert down.returncode == 0, down.stderr[-3000:]
     assert containers_of(project) == ""
+
+
+@pytest.mark.docker
+def test_auto_builds_from_debian_only_what_cannot_be_pulled():
+    """--monitoring-from auto on a pinned image whose pull fails for real
+    builds the service from Debian (the image the other tests built, reused)
+    and says why; hub, or an image the operator named, stops with the way
+    out instead."""
+    said: list[str] = []
+    os_image = build_standin("os")
+    ref = monitoring_image(
+        "prometheus",
+        UNPULLABLE,
+        given=False,
+        source="auto",
+        os_image=lambda: os_image,
+        log=said.append,
+    )
+    assert ref == debian_image(os_image, "prometheus")
+    assert said[-1].startswith(f"cannot pull {UNPULLABLE} (")
+    assert said[-1].endswith("); building prometheus from Debian's package ...")
+    for given, source in ((False, "hub"), (True, "auto"), (True, "debian")):
+        with pytest.raises(MonitoringError, match="--monitoring-from debian"):
+            monitoring_image(
+                "prometheus",
+                UNPULLABLE,
+                given=given,
+                source=source,
+                os_image=lambda: os_image,
+                log=said.append,
+            )

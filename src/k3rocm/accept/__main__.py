@@ -22,13 +22,14 @@ from k3rocm.accept.accuracy import ENDPOINTS
 from k3rocm.accept.bench import Workload
 from k3rocm.accept.run import PASSED, accuracy_gate, bench_runs, verdict_of
 from k3rocm.common.api_address import BadAddress, api_base_url
-from k3rocm.common.setting_table import API_KEY_FILE, KDA_METADATA
+from k3rocm.common.api_key import api_key_from_env, read_api_key
+from k3rocm.common.line_log import line_logger
+from k3rocm.common.setting_table import KDA_METADATA
 
 EXIT_PASS, EXIT_ACCURACY, EXIT_USAGE, EXIT_BENCH = 0, 1, 2, 3
 
 
-def log(message: str) -> None:
-    print(f"k3rocm.accept: {message}", file=sys.stderr, flush=True)
+log = line_logger("k3rocm.accept")
 
 
 def positive(text: str) -> int:
@@ -185,8 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         base_url = (args.base_url or api_base_url(environ)).rstrip("/")
         path_name = KDA_METADATA.read(environ)
-        key_file = args.api_key_file or API_KEY_FILE.text(environ)
-        api_key = Path(key_file).expanduser().read_text().strip() if key_file else None
+        api_key = (
+            read_api_key(Path(args.api_key_file), "--api-key-file")
+            if args.api_key_file
+            else api_key_from_env(environ)
+        )
     except (BadAddress, ValueError, OSError) as err:
         log(f"cannot start: {err}")
         return EXIT_USAGE

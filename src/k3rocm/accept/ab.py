@@ -25,6 +25,7 @@ from pathlib import Path
 
 from k3rocm.accept.bench import FIGURES
 from k3rocm.accept.compose import AbError, Compose, default_compose
+from k3rocm.common.line_log import line_logger
 from k3rocm.common.setting_table import KDA_METADATA, KDA_METADATA_PATHS
 
 DEVICE, LEGACY = KDA_METADATA_PATHS
@@ -33,8 +34,7 @@ IN_CONTAINER_DIR = "/tmp/k3rocm-accept"
 DEFAULT_MIN_CHANGE = 0.01
 
 
-def log(message: str) -> None:
-    print(f"k3rocm.accept-ab: {message}", file=sys.stderr, flush=True)
+log = line_logger("k3rocm.accept-ab")
 
 
 def orders(rounds: int, first: str) -> list[tuple[str, str]]:

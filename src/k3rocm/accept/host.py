@@ -13,6 +13,9 @@ from pathlib import Path
 from k3rocm.accept.ab import split_arguments
 from k3rocm.accept.compose import AbError, Compose, default_compose
 from k3rocm.accept.report import markdown, write
+from k3rocm.common.line_log import line_logger
+
+log = line_logger("k3rocm.accept")
 
 IN_CONTAINER_DIR = "/tmp/k3rocm-accept"
 
@@ -39,11 +42,11 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
             passed_on, f"{IN_CONTAINER_DIR}/{stamp}", args.timeout
         )
     except AbError as err:
-        print(f"k3rocm.accept: {err}", file=sys.stderr)
+        log(str(err))
         return 2
     if document is None:
         return status or 2
     write(document, out)
     sys.stdout.write(markdown(document))
-    print(f"k3rocm.accept: reports in {out}", file=sys.stderr)
+    log(f"reports in {out}")
     return status

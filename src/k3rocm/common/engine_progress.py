@@ -12,7 +12,9 @@ from pathlib import Path
 
 from k3rocm.common.run_files import STALL_MARK
 
-REQUEST_STATES = ("running", "waiting")
+# The `state` label of the engine's requests gauge: written by the plugin,
+# read by the watchdog.
+REQUEST_RUNNING, REQUEST_WAITING = "running", "waiting"
 
 
 def utc(timestamp: float) -> str:

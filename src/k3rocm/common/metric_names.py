@@ -19,6 +19,7 @@ SMOKE_VERDICT = "k3rocm_smoke_verdict"
 API_IN_FLIGHT = "k3rocm_api_requests_in_flight"
 API_REFUSED_DRAINING = "k3rocm_api_requests_refused_draining"
 API_BODY_TIMEOUTS = "k3rocm_api_requests_body_timeouts"
+API_BODY_TOO_LARGE = "k3rocm_api_requests_body_too_large"
 # The container's start-up metrics (k3rocm.container.status), and the values
 # of CONTAINER_PHASE's phase label, in the order a start goes through them.
 CONTAINER_PHASE = "k3rocm_container_phase"

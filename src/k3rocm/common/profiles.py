@@ -19,6 +19,11 @@ class MultiNode(Enum):
     # No Ray profiles: see docs/launching.md, "Why no Ray profiles".
 
 
+# Kimi-K3's KDA heads (vLLM #52803: "TP8 is 12 heads per rank"; #58045).
+# Tensor parallelism splits them; data parallelism does not.
+KDA_HEADS = 96
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -36,6 +41,12 @@ class Profile:
     @property
     def world_size(self) -> int:
         return self.tensor_parallel * self.data_parallel
+
+    @property
+    def kda_heads_per_rank(self) -> int:
+        """The KDA heads each rank's layer holds: 12 at TP8, 6 at TP16, all
+        96 at dep16."""
+        return KDA_HEADS // self.tensor_parallel
 
     @property
     def default_num_nodes(self) -> int:
@@ -133,6 +144,12 @@ DSPARK_SPECULATIVE_CONFIG = {
     "num_speculative_tokens": 7,
     "attention_backend": "TRITON_MLA",
 }
+# With speculative decoding vLLM 0.27.1 replays a prompt of exactly
+# 1 + num_speculative_tokens tokens through the FULL spec-verify CUDA graph
+# as if it were a spec decode, and the KDA layers never write its state
+# (vLLM #49918, open). In PIECEWISE mode the KDA layers run outside the
+# graphs with the step's real metadata (tests/kernels/test_spec_full_graph.py).
+DSPARK_COMPILATION_CONFIG = {"cudagraph_mode": "PIECEWISE"}
 
 
 @dataclass(frozen=True)
@@ -158,11 +175,16 @@ FEATURES: dict[str, Feature] = {
         ),
         Feature(
             "dspark",
-            "DSpark speculative decoding, 7 draft tokens (AMD settings)",
+            "DSpark speculative decoding, 7 draft tokens (AMD settings), "
+            "PIECEWISE CUDA graphs",
             (
                 (
                     "--speculative-config",
                     json.dumps(DSPARK_SPECULATIVE_CONFIG, separators=(",", ":")),
+                ),
+                (
+                    "--compilation-config",
+                    json.dumps(DSPARK_COMPILATION_CONFIG, separators=(",", ":")),
                 ),
             ),
         ),

@@ -271,7 +271,7 @@ PROFILE = _launcher(
     "Parallel layout: " + ", ".join(PROFILES) + ".",
     kind=OneOf(tuple(PROFILES), "profile"),
     owns=("--tensor-parallel-size", "-tp", "--data-parallel-size", "-dp"),
-    readers=("launcher", "common.node"),
+    readers=("launcher", "common.node", "smoke.settings"),
 )
 FEATURES_SETTING = _launcher(
     "features",
@@ -321,7 +321,7 @@ API_KEY_FILE = _launcher(
     shown="none (no key)",
     kind=FilePath(),
     owns=("--api-key",),
-    readers=("launcher", "smoke", "container.watchdog", "accept"),
+    readers=("launcher", "common.api_key"),
 )
 EXTRA_ARGS = _launcher(
     "extra_args",
@@ -546,6 +546,22 @@ API_ADMIN_ROUTES = Setting(
     CONTAINER,
     kind=Flag(),
     readers=("container.api_access",),
+)
+
+# The largest request body the API server reads (container.request_body):
+# room for a 1M-token prompt (about 10 MB of JSON at worst: token ids, or
+# text escaped as \uXXXX) and the images a multimodal request carries.
+MAX_REQUEST_BYTES = Setting(
+    "max_request_bytes",
+    "K3_MAX_REQUEST_BYTES",
+    64 * 2**20,
+    "Largest request body in bytes the API server reads; a larger one is "
+    "answered 413 before it is read (a declared length) or as soon as it "
+    'passes the limit (a chunked body) (docs/container.md, "Request bodies").',
+    CONTAINER,
+    shown="67108864 (64 MiB)",
+    kind=Whole(4096, 2**34),
+    readers=("container.request_body",),
 )
 
 RUN_DIR = Setting(

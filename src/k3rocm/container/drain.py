@@ -15,10 +15,11 @@ balancers take the server out) with HTTP 503 and ``Retry-After``; only
 ``/metrics`` stays open. A request counts once its body has arrived whole:
 it reads the body first, and a body that has not arrived within
 ``BODY_SECONDS`` is answered 408, one still awaited when a drain starts
-503, each closing the connection, so a client that sends headers and never
-a body holds no stop. A stream still open when the drain deadline in the
-mark has passed gets an error event and ``[DONE]``, so its client knows why
-it ends.
+503, one over ``K3_MAX_REQUEST_BYTES`` 413 (k3rocm.container.request_body),
+each closing the connection, so a client that sends headers and never a
+body holds no stop, and no body is held past the limit. A stream still
+open when the drain deadline in the mark has passed gets an error event and
+``[DONE]``, so its client knows why it ends.
 
 ``k3rocm.container.supervise run`` writes the mark on SIGTERM, waits with
 ``wait_drained`` until nothing is in flight or the deadline passes, and only
@@ -45,6 +46,7 @@ from k3rocm.common.metric_names import (
     API_REFUSED_DRAINING,
 )
 from k3rocm.common.run_files import DRAIN_MARK, run_dir
+from k3rocm.container.request_body import TOO_LARGE, BodyLimit
 
 # Paths that are neither counted nor refused: Prometheus keeps scraping.
 UNGUARDED_PATHS = frozenset({"/metrics"})
@@ -105,6 +107,7 @@ class DrainMiddleware:
     def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]):
         self.app = app
         self.directory = run_dir()
+        self.body_limit = BodyLimit(os.environ)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") in UNGUARDED_PATHS:
@@ -114,9 +117,12 @@ class DrainMiddleware:
             REFUSED.inc()
             await _refuse(send)
             return
+        if self.body_limit.refuses(scope.get("headers", ())):
+            await self._too_large(send)
+            return
         body = await self._read_body(receive, send)
         if body is None:
-            return  # answered (408, 503) or the client left
+            return  # answered (408, 413, 503) or the client left
         # The check and the count happen in one step of the event loop, so a
         # drain that sees zero in flight cannot miss a request accepted before
         # its mark.
@@ -134,9 +140,10 @@ class DrainMiddleware:
 
     async def _read_body(self, receive: Receive, send: Send) -> list | None:
         """The request's body messages, whole; None where it was answered
-        instead (408 past BODY_SECONDS, 503 once a drain starts) or the
-        client disconnected."""
+        instead (408 past BODY_SECONDS, 503 once a drain starts, 413 past
+        the body limit) or the client disconnected."""
         messages: list[Message] = []
+        received = 0
         deadline = time.monotonic() + BODY_SECONDS
         pending = None
         while True:
@@ -148,6 +155,10 @@ class DrainMiddleware:
                 if message["type"] == "http.disconnect":
                     return None
                 messages.append(message)
+                received += len(message.get("body", b""))
+                if self.body_limit.passed(received):
+                    await self._too_large(send)
+                    return None
                 if not message.get("more_body", False):
                     return messages
                 continue
@@ -161,6 +172,10 @@ class DrainMiddleware:
                 continue
             pending.cancel()
             return None
+
+    async def _too_large(self, send: Send) -> None:
+        TOO_LARGE.inc()
+        await _answer(send, 413, self.body_limit.message, "PayloadTooLarge")
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:

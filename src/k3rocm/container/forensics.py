@@ -32,7 +32,10 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from k3rocm.common.line_log import line_logger
 from k3rocm.common.run_files import STACK_SIGNAL, stack_handler_file
+
+log = line_logger("k3rocm.container.forensics")
 
 # A dump that takes longer than this is given up (the process may be in a
 # state py-spy cannot read); the next process is still dumped.
@@ -257,15 +260,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     binary = py_spy()
     if binary is None:
-        print("k3rocm.container.forensics: py-spy is not installed", file=sys.stderr)
+        log("py-spy is not installed")
         return 1
     try:
         grant_ptrace(Path(binary))
     except OSError as err:
-        print(
-            f"k3rocm.container.forensics: cannot set the capability on {binary}: {err}",
-            file=sys.stderr,
-        )
+        log(f"cannot set the capability on {binary}: {err}")
         return 1
     print(f"k3rocm.container.forensics: {binary} has CAP_SYS_PTRACE (file capability)")
     return 0

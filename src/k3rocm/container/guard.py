@@ -19,11 +19,11 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from k3rocm.common.exit_codes import ExitCode
 from k3rocm.common.json_file import UnreadableJson, read_json_file
+from k3rocm.common.line_log import line_logger
 from k3rocm.common.node import Node, connected_to, node_from_env
 from k3rocm.common.run_files import (
     DEATHS_FILE,
@@ -41,16 +41,6 @@ from k3rocm.container.forensics import capture
 # A headless node whose connection to node 0 stays gone this long after it
 # joined has lost the job: its vLLM would wait for node 0 forever.
 LOST_NODE0_SECONDS = 15
-
-
-def line_logger(module: str) -> Callable[[str], None]:
-    """A log of one line on stderr per message, prefixed with the module
-    that logs it (as the module's path, for grep)."""
-
-    def log(message: str) -> None:
-        print(f"{module}: {message}", file=sys.stderr, flush=True)
-
-    return log
 
 
 log = line_logger("k3rocm.container.guard")

@@ -52,6 +52,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from k3rocm.common.api_address import BadAddress, api_base_url
 from k3rocm.common.exit_codes import ExitCode
 from k3rocm.common.json_file import UnreadableJson, read_json_file, write_json_file
+from k3rocm.common.line_log import line_logger
 from k3rocm.common.metric_names import (
     CONTAINER_PHASE,
     CONTAINER_PHASE_SECONDS,
@@ -84,6 +85,8 @@ from k3rocm.common.smoke_report import (
     reported_verdict,
 )
 from k3rocm.common.states import Verdict
+
+log = line_logger("k3rocm.container.status")
 
 # The settings this server reads.
 STATUS_SETTINGS = (STATUS_HOST, STATUS_PORT, LOAD_ALERT_SECONDS, STALL_SECONDS)
@@ -261,7 +264,7 @@ def main() -> int:
     except BadAddress as err:
         problems.append(str(err))
     for problem in problems:
-        print(f"k3rocm.container.status: {problem}", file=sys.stderr, flush=True)
+        log(problem)
     if problems:
         return ExitCode.SETTINGS
     host, port = values[STATUS_HOST.name], values[STATUS_PORT.name]
@@ -272,12 +275,10 @@ def main() -> int:
     try:
         serve(host, port, registry)
     except OSError as err:
-        print(
-            f"k3rocm.container.status: cannot listen on {host}:{port} ({err}); set "
+        log(
+            f"cannot listen on {host}:{port} ({err}); set "
             f"{STATUS_HOST.env} to an address of this node (or 0.0.0.0) and "
-            f"{STATUS_PORT.env} to a free port",
-            file=sys.stderr,
-            flush=True,
+            f"{STATUS_PORT.env} to a free port"
         )
         return ExitCode.SETTINGS
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from k3rocm.common.api_address import api_url
 from k3rocm.common.exit_codes import ExitCode
+from k3rocm.common.line_log import line_logger
 from k3rocm.common.run_files import (
     DEATHS_FILE,
     DRAIN_MARK,
@@ -67,7 +68,7 @@ from k3rocm.common.setting_table import (
 )
 from k3rocm.common.stop_budget import StopBudget
 from k3rocm.container.drain import wait_drained, write_drain_mark
-from k3rocm.container.guard import line_logger, listen
+from k3rocm.container.guard import listen
 from k3rocm.container.jit_locks import sweep as sweep_jit_locks
 from k3rocm.container.writable import problems as unwritable
 from k3rocm.launcher.preflight import check as check_launch

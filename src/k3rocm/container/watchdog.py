@@ -35,14 +35,22 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from k3rocm.common.api_address import api_base_url
-from k3rocm.common.engine_progress import utc, write_stall_mark
+from k3rocm.common.api_key import api_key_from_env
+from k3rocm.common.engine_progress import (
+    REQUEST_RUNNING,
+    REQUEST_WAITING,
+    utc,
+    write_stall_mark,
+)
 from k3rocm.common.exit_codes import ExitCode
+from k3rocm.common.line_log import line_logger
 from k3rocm.common.metric_names import API_IN_FLIGHT, ENGINE_REQUESTS, LAST_STEP
 from k3rocm.common.node import headless_node
 from k3rocm.common.run_files import (
@@ -55,13 +63,12 @@ from k3rocm.common.run_files import (
     run_dir,
 )
 from k3rocm.common.setting_table import (
-    API_KEY_FILE,
     FORENSICS_DIR,
     SERVED_MODEL_NAME,
     STALL_SECONDS,
 )
 from k3rocm.container.forensics import capture
-from k3rocm.container.guard import line_logger, record_stop_reason, stop_supervisord
+from k3rocm.container.guard import record_stop_reason, stop_supervisord
 
 log = line_logger("k3rocm.container.watchdog")
 METRICS_TIMEOUT_SECONDS = 5
@@ -112,8 +119,8 @@ def parse_metrics(text: str) -> Look:
     engines = {
         engine: Engine(
             last,
-            requests.get((engine, "running"), 0.0),
-            requests.get((engine, "waiting"), 0.0),
+            requests.get((engine, REQUEST_RUNNING), 0.0),
+            requests.get((engine, REQUEST_WAITING), 0.0),
         )
         for engine, last in steps.items()
     }
@@ -305,6 +312,18 @@ def watch(directory: Path, base_url: str, stall: int, probe: Probe) -> None:
             probe.send()
 
 
+def probe_from_env(environ: Mapping[str, str], stall: float) -> Probe:
+    """The probe as the container's settings make it: with the API key
+    where there is one (the launcher refused a bad key file before vLLM
+    started)."""
+    return Probe(
+        api_base_url(environ),
+        api_key_from_env(environ),
+        SERVED_MODEL_NAME.text(environ),
+        stall,
+    )
+
+
 def main() -> int:
     try:
         stall = STALL_SECONDS.read(os.environ)
@@ -316,12 +335,11 @@ def main() -> int:
         # No API server here: node 0's watchdog judges the job, this node's
         # guard captures its stacks when node 0 goes away.
         threading.Event().wait()
-    key_file = API_KEY_FILE.text(os.environ)
     try:
-        api_key = Path(key_file).read_text().strip() if key_file else None
-    except OSError:
-        api_key = None  # the smoke test reports an unreadable key file
-    probe = Probe(base_url, api_key, SERVED_MODEL_NAME.text(os.environ), stall)
+        probe = probe_from_env(os.environ, stall)
+    except ValueError as err:  # ApiKeyFileError included
+        log(str(err))
+        return ExitCode.SETTINGS
     watch(run_dir(), base_url, stall, probe)
     threading.Event().wait()  # the guard stops the container
     return 0

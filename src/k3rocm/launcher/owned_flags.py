@@ -135,6 +135,43 @@ def _spelling(args: Sequence[str], options: Sequence[str]) -> str | None:
     return None
 
 
+def last_values(args: Sequence[str], dests: Sequence[str]) -> dict[str, object]:
+    """What args set for each of vLLM's destinations ``dests`` (the text of
+    a value, True/False for a switch), read as vLLM's parser reads them, in
+    every spelling; a destination nothing set is left out. Without a vLLM to
+    ask, only the exact long flags count (`--flag value`, `--flag=value`,
+    `--no-flag`). Arguments vLLM would refuse set nothing here: that
+    refusal is owned_flag_problems' to report."""
+    parser = _vllm_parser()
+    if parser is None:
+        return _exact_values(args, dests)
+    try:
+        with _quiet():
+            namespace = parser.parse_args(list(args))
+    except Exception:
+        return {}
+    found = {dest: getattr(namespace, dest, _UNSET) for dest in dests}
+    return {dest: value for dest, value in found.items() if value is not _UNSET}
+
+
+def _exact_values(args: Sequence[str], dests: Sequence[str]) -> dict[str, object]:
+    found: dict[str, object] = {}
+    for index, arg in enumerate(args):
+        flag, has_value, value = arg.partition("=")
+        dest = _normalized(flag)[2:].replace("-", "_")
+        if dest.startswith("no_") and dest[3:] in dests:
+            found[dest[3:]] = False
+        elif dest in dests:
+            following = args[index + 1] if index + 1 < len(args) else None
+            if has_value:
+                found[dest] = value
+            elif following is None or following.startswith("-"):
+                found[dest] = True
+            else:
+                found[dest] = following
+    return found
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """vLLM logs to stdout, which carries the dry run's script: keep its

@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 
 from k3rocm.common.setting_table import CONTAINER_SETTINGS, read_all
 from k3rocm.launcher.settings import LaunchSettings, raw_settings, resolve_all
+from k3rocm.launcher.spec_mode import spec_mode_problems
+from k3rocm.launcher.step_bound import step_bound_problems
 from k3rocm.launcher.validation import inspect_machine
 
 
@@ -25,6 +27,18 @@ def check(
     # reports every problem; checks building on a refused setting are skipped.
     api_key, machine_problems = inspect_machine(settings, environ, resolution.invalid)
     container_problems = read_all(environ, CONTAINER_SETTINGS)[1]
+    # The KDA kernels' proven step reads the profile and the extra arguments.
+    step_problems = (
+        []
+        if {"profile", "extra_args"} & resolution.invalid
+        else step_bound_problems(settings)
+    )
+    # dspark's PIECEWISE CUDA graphs, which the extra arguments must not undo.
+    spec_problems = (
+        []
+        if {"features", "extra_args"} & resolution.invalid
+        else spec_mode_problems(settings)
+    )
     return (
         settings,
         api_key,
@@ -32,5 +46,7 @@ def check(
             *resolution.problems,
             *machine_problems,
             *container_problems,
+            *step_problems,
+            *spec_problems,
         ],
     )

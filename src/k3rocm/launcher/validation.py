@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from collections.abc import Callable, Mapping, Set
 from pathlib import Path
 from typing import TypeVar
 
+from k3rocm.common.api_key import ApiKeyFileError, read_api_key
 from k3rocm.common.profiles import REQUIRED_AMD_ENV, MultiNode
 from k3rocm.launcher.addresses import check_node_addresses
 from k3rocm.launcher.messages import InvalidSettings, label, shown
@@ -18,8 +18,6 @@ from k3rocm.launcher.settings import LaunchSettings
 
 # A Hugging Face model id: a name, optionally under an owner.
 MODEL_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
-# Far beyond any API key; a larger file is something else.
-MAX_KEY_FILE_BYTES = 64 * 1024
 # Far beyond any model's config.json.
 MAX_CONFIG_BYTES = 16 * 2**20
 # Settings the GPU count check builds on.
@@ -155,59 +153,10 @@ def _read_api_key(path: Path | None, problems: list[str]) -> str | None:
     if path is None:
         return None
     try:
-        return _checked_api_key(path, problems)
-    except _Unexaminable:
+        return read_api_key(path, label("api_key_file"))
+    except ApiKeyFileError as error:
+        problems.append(str(error))
         return None
-
-
-def _checked_api_key(path: Path, problems: list[str]) -> str | None:
-    name = "api_key_file"
-    fix = f"create it with the key as its only content and `chmod 600 {path}`"
-    if not _examine(name, path, path.is_file, problems):
-        problems.append(
-            f"{label(name)} is {shown(str(path))}, which is not an existing "
-            f"file; {fix}, or unset the setting to serve without a key."
-        )
-        return None
-    if _examine(name, path, path.stat, problems).st_mode & stat.S_IROTH:
-        problems.append(
-            f"{label(name)} {shown(str(path))} is readable by every user; "
-            f"restrict it: `chmod o-rwx {path}` (or `chmod 600 {path}`)."
-        )
-        return None
-    try:
-        with path.open("rb") as file:
-            data = file.read(MAX_KEY_FILE_BYTES + 1)
-        if len(data) > MAX_KEY_FILE_BYTES:
-            raise ValueError(f"more than {MAX_KEY_FILE_BYTES} bytes")
-        key = data.decode().strip()
-    except (OSError, ValueError) as error:  # UnicodeDecodeError included
-        # Say why without quoting the content: it may be the key.
-        reason = (
-            os.strerror(error.errno)
-            if getattr(error, "errno", None)
-            else ("not UTF-8 text" if isinstance(error, UnicodeDecodeError) else error)
-        )
-        problems.append(
-            f"{label(name)} {shown(str(path))} cannot be read as text "
-            f"({reason}); {fix}."
-        )
-        return None
-    if not key or any(char.isspace() for char in key):
-        problems.append(
-            f"{label(name)} {shown(str(path))} must hold exactly one key "
-            f"without spaces; {fix}."
-        )
-        return None
-    if not key.isprintable():
-        # A NUL byte cannot go into VLLM_API_KEY; other control characters
-        # would make a key no client can type.
-        problems.append(
-            f"{label(name)} {shown(str(path))} holds a control character (a "
-            f"NUL byte, for example) in its key; {fix}."
-        )
-        return None
-    return key
 
 
 def count_render_devices(dri_dir: Path) -> int:

@@ -11,7 +11,8 @@ kind)
     Wall time of one engine step. ``kind`` is ``prefill`` (only requests still
     in their prompt), ``decode`` (only requests generating) or ``mixed``.
 ``k3rocm_engine_step_context_tokens_total``, ``..._generation_tokens_total``
-    Tokens the scheduler gave those steps, by the same labels.
+    Tokens the scheduler gave those steps, by the same labels (with
+    speculative decoding, each decode's draft tokens too).
 ``k3rocm_engine_steps_total``
     Steps by the same labels plus ``kind="dummy"``: the padding steps an idle
     data-parallel engine runs, which say nothing about latency and so stay
@@ -61,6 +62,7 @@ from vllm.v1.metrics.stats import (
     SchedulerStats,
 )
 
+from k3rocm.common.engine_progress import REQUEST_RUNNING, REQUEST_WAITING
 from k3rocm.common.metric_names import (
     CONTEXT_TOKENS,
     ENGINE_REQUESTS,
@@ -164,8 +166,8 @@ class EngineSteps:
         self.labels = (model_name, engine)
         self._by_kind: dict[str, _KindSeries] = {}
         self._last_step = metrics.last_step.labels(*self.labels)
-        self._running = metrics.requests.labels(*self.labels, "running")
-        self._waiting = metrics.requests.labels(*self.labels, "waiting")
+        self._running = metrics.requests.labels(*self.labels, REQUEST_RUNNING)
+        self._waiting = metrics.requests.labels(*self.labels, REQUEST_WAITING)
 
     def progress(self, stats: SchedulerStats) -> None:
         """The engine stepped (any step, dummy ones included) and reported

@@ -8,6 +8,7 @@ import os
 import sys
 
 import k3rocm.smoke
+from k3rocm.common.line_log import line_logger
 from k3rocm.common.node import headless_node
 from k3rocm.common.smoke_report import Report, Stage, write_mark
 from k3rocm.common.states import FailurePolicy, Verdict
@@ -18,6 +19,8 @@ from k3rocm.smoke.settings import Settings
 from k3rocm.smoke.stage1 import run_stage1
 from k3rocm.smoke.stage2 import run_stage2
 from k3rocm.smoke.timeouts import exit_code, run_with_timeout
+
+log = line_logger("k3rocm.smoke")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings.from_env(dict(os.environ))
     except (ValueError, OSError) as err:
-        print(f"k3rocm.smoke: {err}", file=sys.stderr)
+        log(str(err))
         return 2
     series = Series(default_series_dir())
     report = Report(policy=settings.policy, series_id=series.series_id)
@@ -38,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     report.write(settings.report)
 
     stage1_in_time = run_with_timeout(
-        lambda stage: run_stage1(stage, series), stage1, settings.stage1_timeout
+        lambda stage: run_stage1(
+            stage, series, settings.kda_heads, settings.speculative
+        ),
+        stage1,
+        settings.stage1_timeout,
     )
     report.write(settings.report)
     if args.stage:

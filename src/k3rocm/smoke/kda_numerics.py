@@ -28,7 +28,7 @@ arithmetic) and head size 32, about 5-10 s on two cores.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -39,7 +39,9 @@ from k3rocm.smoke.chunk_reference import cu_seqlens_of
 
 DECODES = 3
 PREFILLS = (65, 5, 0)  # across a chunk boundary, a short one, padding
-HEADS = 2
+# Heads in the interpreter (its cost grows with them); on a GPU the step
+# runs at the KDA heads of one rank of the profile (``check_kda_numerics``).
+INTERPRETER_HEADS = 2
 LOWER_BOUND = -5.0  # Kimi-K3's gate lower bound
 POISON_BYTES = 256 << 20
 
@@ -54,7 +56,7 @@ class Shape:
 SHAPES = {"cuda": Shape("bfloat16", 128, False), "cpu": Shape("float32", 32, True)}
 
 
-def step_inputs(device: str, seed: int = 0) -> dict:
+def step_inputs(device: str, seed: int = 0, heads: int = INTERPRETER_HEADS) -> dict:
     """A mixed step's inputs in the layout the layer hands the kernels."""
     import torch
 
@@ -70,14 +72,14 @@ def step_inputs(device: str, seed: int = 0) -> dict:
 
     return {
         "lens": lens,
-        "q": randn(1, tokens, HEADS, dim),
-        "k": randn(1, tokens, HEADS, dim),
-        "v": randn(1, tokens, HEADS, dim),
-        "raw_g": randn(1, tokens, HEADS, dim),
-        "raw_beta": randn(1, tokens, HEADS),
-        "A_log": randn(HEADS, scale=0.5, to=torch.float32),
-        "dt_bias": randn(HEADS * dim, scale=0.5, to=torch.float32),
-        "pool": randn(slots, HEADS, dim, dim, scale=0.1, to=torch.float32),
+        "q": randn(1, tokens, heads, dim),
+        "k": randn(1, tokens, heads, dim),
+        "v": randn(1, tokens, heads, dim),
+        "raw_g": randn(1, tokens, heads, dim),
+        "raw_beta": randn(1, tokens, heads),
+        "A_log": randn(heads, scale=0.5, to=torch.float32),
+        "dt_bias": randn(heads * dim, scale=0.5, to=torch.float32),
+        "pool": randn(slots, heads, dim, dim, scale=0.1, to=torch.float32),
         # Decodes and the first prefill continue their sequences.
         "slots": torch.arange(1, len(lens) + 1, dtype=torch.int32).to(device),
         "has_initial": torch.tensor(
@@ -190,7 +192,9 @@ def autotuning_cached(kernels) -> Iterator[None]:
             tuner.cache_results = False
 
 
-def measure(device: str, cache_autotuning: bool = True) -> float:
+def measure(
+    device: str, cache_autotuning: bool = True, heads: int = INTERPRETER_HEADS
+) -> float:
     """Run the step on ``device`` ("cuda", or "cpu" in the interpreter) and
     return its worst excess. ``cache_autotuning``: on a GPU, keep the
     autotuners' choices in Triton's cache (``autotuning_cached``)."""
@@ -200,7 +204,7 @@ def measure(device: str, cache_autotuning: bool = True) -> float:
         kernels = kda_kernels(LOWER_BOUND) if cache_autotuning else []
         with autotuning_cached(kernels):
             poison_allocator()
-            x = step_inputs(device)
+            x = step_inputs(device, heads=heads)
             return worst_excess(x, run_step(x), device)
     from k3rocm.smoke.interpreter import interpretable, kda_kernels
 
@@ -211,34 +215,53 @@ def measure(device: str, cache_autotuning: bool = True) -> float:
     return worst_excess(x, results, device)
 
 
-def check_kda_numerics(stage: Stage, device: str | None) -> bool:
+def check_kda_numerics(
+    stage: Stage, device: str | None, heads: int = INTERPRETER_HEADS
+) -> bool:
+    """``heads``: the KDA heads of one rank (the profile's), used on a GPU;
+    the interpreter runs INTERPRETER_HEADS."""
+    heads = heads if device == "cuda" else INTERPRETER_HEADS
     what = (
         f"a mixed step ({DECODES} decodes, prefills of {'/'.join(map(str, PREFILLS))}"
-        " tokens) through the recurrent and chunk KDA kernels"
+        f" tokens, {heads} heads) through the recurrent and chunk KDA kernels"
     )
+    return report_numerics(stage, "kda numerics", what, device, heads, measure)
+
+
+def report_numerics(
+    stage: Stage,
+    check: str,
+    what: str,
+    device: str | None,
+    heads: int,
+    measure_on: Callable[..., float],
+) -> bool:
+    """Add `check` to the stage from ``measure_on(device, heads=...)``, the
+    step's worst error as a multiple of its tolerance: skipped without a
+    device, failed when the kernels raise or the error passes 1."""
     if device is None:
         return stage.add(
-            "kda numerics",
+            check,
             Verdict.SKIP,
             "no GPU, and TRITON_INTERPRET is not 1: nowhere to run the KDA kernels",
         )
     try:
-        worst = measure(device)
+        worst = measure_on(device, heads=heads)
     except Exception as err:  # a kernel that cannot run fails the check
         return stage.add(
-            "kda numerics",
+            check,
             Verdict.FAIL,
             f"{what} failed on {device}: {type(err).__name__}: {str(err)[:200]}",
         )
     if worst <= 1.0:
         return stage.add(
-            "kda numerics",
+            check,
             Verdict.PASS,
             f"{what} match the float64 reference on {device} (largest error "
             f"{worst:.2g} of the tolerance)",
         )
     return stage.add(
-        "kda numerics",
+        check,
         Verdict.FAIL,
         f"{what} differ from the float64 reference on {device}: largest error "
         f"{worst:.3g} times the tolerance (inf: NaN or inf in outputs or states)",

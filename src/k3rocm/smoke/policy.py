@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import errno
 import os
-import sys
 import time
 from pathlib import Path
 
+from k3rocm.common.line_log import line_logger
 from k3rocm.common.setting_table import FORENSICS_DIR
 from k3rocm.common.smoke_report import Report, now, write_mark
 from k3rocm.common.states import FailurePolicy, Verdict
 from k3rocm.smoke.settings import Settings
+
+log = line_logger("k3rocm.smoke")
 
 
 def keep_report(report: Report, directory: Path, run_report: Path) -> None:
@@ -59,22 +61,18 @@ def finish(report: Report, settings: Settings, serving: bool) -> int:
     if not failed:
         return 0
     for line in report.failures():
-        print(f"k3rocm.smoke: {line}"[:2000], file=sys.stderr, flush=True)
+        log(line[:2000])
     if report.not_kept:
-        print(f"k3rocm.smoke: {report.not_kept}", file=sys.stderr, flush=True)
+        log(report.not_kept)
     if settings.policy == FailurePolicy.WARN:
-        print(
-            "k3rocm.smoke: WARNING: THE SMOKE TEST FAILED, SERVING ANYWAY "
+        log(
+            "WARNING: THE SMOKE TEST FAILED, SERVING ANYWAY "
             "(K3_SMOKE_ON_FAILURE=warn); the stall-free prefill path is NOT "
-            f"proven. See {settings.report}",
-            file=sys.stderr,
-            flush=True,
+            f"proven. See {settings.report}"
         )
         return 0
-    print(
-        f"k3rocm.smoke: FAILED under K3_SMOKE_ON_FAILURE=stop; the container "
-        f"stops. See {report.kept or settings.report}",
-        file=sys.stderr,
-        flush=True,
+    log(
+        "FAILED under K3_SMOKE_ON_FAILURE=stop; the container "
+        f"stops. See {report.kept or settings.report}"
     )
     return 1

@@ -8,9 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3rocm.common.api_address import api_base_url
+from k3rocm.common.api_key import api_key_from_env
+from k3rocm.common.profiles import PROFILES
 from k3rocm.common.run_files import READY_MARK, STAGE1_GATE, run_dir, smoke_report_path
 from k3rocm.common.setting_table import (
-    API_KEY_FILE,
+    FEATURES_SETTING,
+    PROFILE,
     SMOKE_LOAD_TIMEOUT,
     SMOKE_ON_FAILURE,
     SMOKE_STAGE1_TIMEOUT,
@@ -29,6 +32,11 @@ class Settings:
     stage1_timeout: float
     load_timeout: float
     stage2_timeout: float
+    # The KDA heads of one rank of the profile: the layer's own head count,
+    # at which stage 1 checks the KDA kernels.
+    kda_heads: int
+    # `dspark` is on: stage 2 wants the engine speculating.
+    speculative: bool
 
     @property
     def ready_mark(self) -> Path:
@@ -40,14 +48,15 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
-        key_file = API_KEY_FILE.read(environ)
         return cls(
             policy=FailurePolicy(SMOKE_ON_FAILURE.read(environ)),
             report=smoke_report_path(environ),
             run_dir=run_dir(environ),
             base_url=api_base_url(environ),
-            api_key=key_file.expanduser().read_text().strip() if key_file else None,
+            api_key=api_key_from_env(environ),
             stage1_timeout=SMOKE_STAGE1_TIMEOUT.read(environ),
             load_timeout=SMOKE_LOAD_TIMEOUT.read(environ),
             stage2_timeout=SMOKE_STAGE2_TIMEOUT.read(environ),
+            kda_heads=PROFILES[PROFILE.read(environ)].kda_heads_per_rank,
+            speculative="dspark" in FEATURES_SETTING.read(environ),
         )

@@ -13,6 +13,7 @@ from k3rocm.common.states import PatchState, Verdict
 from k3rocm.patchtool import patchset
 from k3rocm.patchtool.series import Series
 from k3rocm.smoke.kda_numerics import check_kda_numerics
+from k3rocm.smoke.kda_spec_numerics import check_kda_spec_numerics
 from k3rocm.smoke.kernel_checks import (
     check_kernel_battery,
     check_no_sync,
@@ -99,7 +100,11 @@ def check_kimi_backend(stage: Stage, path: str = KDA_METADATA_PATHS[0]) -> bool:
     )
 
 
-def run_stage1(stage: Stage, series: Series) -> None:
+def run_stage1(
+    stage: Stage, series: Series, kda_heads: int, speculative: bool = False
+) -> None:
+    """``speculative``: the server speculates (``dspark``); the KDA kernels'
+    spec step is checked too."""
     # The vLLM this interpreter imports, as vLLM itself will.
     if not check_patch_marker(stage, series, patchset.find_installed_target()):
         return  # without the series, the other checks have nothing to check
@@ -109,5 +114,7 @@ def run_stage1(stage: Stage, series: Series) -> None:
     check_kimi_backend(stage, path)
     device = kernel_device()
     check_kernel_battery(stage, device)
-    check_kda_numerics(stage, device)
+    check_kda_numerics(stage, device, kda_heads)
+    if speculative:
+        check_kda_spec_numerics(stage, device, kda_heads)
     check_no_sync(stage, device)

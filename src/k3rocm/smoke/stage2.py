@@ -2,7 +2,8 @@
 several 64-token chunks, then new prefill step samples on ``/metrics``, then
 the paths users hit: a completion with the server's default sampling (the
 first one compiles the sampler: a server that cannot must not turn healthy)
-and a streamed one, read to its ``[DONE]``."""
+and a streamed one, read to its ``[DONE]``; where the server speculates, a
+completion its draft's proposals are verified in (k3rocm.smoke.speculative)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from k3rocm.common.states import PREFILL_KINDS, Verdict
 from k3rocm.smoke.chunk_reference import CHUNK_SIZE
 from k3rocm.smoke.http import Http, wait_for_health
 from k3rocm.smoke.settings import Settings
+from k3rocm.smoke.speculative import check_speculative
 
 # The completion's prompt spans at least this many 64-token chunks.
 PROMPT_CHUNKS = 4
@@ -94,6 +96,7 @@ def run_stage2(stage: Stage, settings: Settings) -> None:
     )
     check_prefill_metrics(stage, http, before)
     check_sampled_requests(stage, http, model, settings.stage2_timeout)
+    check_speculative(stage, http, model, settings.speculative, settings.stage2_timeout)
 
 
 def check_sampled_requests(stage: Stage, http: Http, model: str, timeout: float):

@@ -22,6 +22,7 @@ import platform
 import sys
 from pathlib import Path
 
+from k3rocm.common.line_log import line_logger
 from k3rocm.common.states import PatchState
 from k3rocm.patchtool import patchset
 from k3rocm.patchtool.series import Series, default_series_dir, shipped_series
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(json.dumps(recorded, indent=2) + "\n")
             message = f"wrote {args.out}: {json.dumps(recorded)}"
     except (BuildStepError, RocmVersionError, patchset.Refusal) as err:
-        print(f"k3rocm.supply_chain.image {args.command}: {err}", file=sys.stderr)
+        line_logger(f"k3rocm.supply_chain.image {args.command}")(str(err))
         return 1
     print(message)
     return 0

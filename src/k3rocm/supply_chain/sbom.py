@@ -25,8 +25,11 @@ from importlib import metadata as md
 from pathlib import Path
 from urllib.parse import quote
 
+from k3rocm.common.line_log import line_logger
 from k3rocm.patchtool.series import Series, default_series_dir
 from k3rocm.patchtool.triage import TRIAGE_NAME, Entry, TriageError, load_triage
+
+log = line_logger("k3rocm.supply_chain.sbom")
 
 SPEC_VERSION = "1.6"
 DPKG_STATUS = Path("/var/lib/dpkg/status")
@@ -231,24 +234,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         document = bom(Series(default_series_dir()), os.environ.get("K3_IMAGE_VERSION"))
     except TriageError as err:
-        print(f"k3rocm.supply_chain.sbom: {err}", file=sys.stderr)
+        log(str(err))
         return 1
     for requirements in args.require:
         missing = missing_pins(document, pinned(requirements))
         if missing:
-            print(
-                f"k3rocm.supply_chain.sbom: pinned in {requirements} but not "
-                "installed as pinned: " + ", ".join(missing),
-                file=sys.stderr,
+            log(
+                f"pinned in {requirements} but not installed as pinned: "
+                + ", ".join(missing)
             )
             return 1
     try:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(document, indent=1) + "\n")
     except OSError as err:
-        print(
-            f"k3rocm.supply_chain.sbom: cannot write {args.out}: {err}", file=sys.stderr
-        )
+        log(f"cannot write {args.out}: {err}")
         return 1
     print(f"wrote {args.out}: {summary(document)}")
     return 0

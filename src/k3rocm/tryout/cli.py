@@ -15,11 +15,12 @@ it. Needs, as root, Docker with Compose (`docker compose` or
 `docker-compose`), Python 3.11 with pip and `debootstrap`
 (scripts/standin-base builds the base from Debian's packages and wheels
 fetched on the host), with PyPI and Debian reachable; YAML is read inside
-the image. The API has no key here and listens on 127.0.0.1 only. A
-monitoring image that is neither here nor can be pulled (no Docker Hub)
-stops it before anything starts, saying so: give another
-(--prometheus-image, --alertmanager-image) or leave monitoring out
-(--no-monitoring).
+the image. The API has no key here and listens on 127.0.0.1 only.
+Prometheus and Alertmanager run compose.yaml's pinned images where this
+host has them or can pull them, else images built from Debian's packages
+(k3rocm.tryout.monitoring; --monitoring-from picks, --no-monitoring leaves
+them out); it prints Prometheus' targets page and a query of the
+step-latency metric once that answers with data.
 
 --down stops the try-out of --project and --state-dir and exits 0; with no
 container under that project it says "nothing was running under project
@@ -41,28 +42,45 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from k3rocm.common.line_log import line_logger
 from k3rocm.common.setting_table import MODEL, STOP_GRACE_SECONDS
 from k3rocm.patchtool.series import shipped_series
 from k3rocm.supply_chain.image import image_tag
 from k3rocm.tryout.cpu import CPU_SETTINGS, SERVER, SERVICES
+from k3rocm.tryout.monitoring import (
+    MonitoringError,
+    settle_monitoring,
+    step_query,
+    wait_ready,
+)
+from k3rocm.tryout.options import DEFAULT_PROJECT, DEFAULT_STATE_DIR, parser
 
 REPO = Path(__file__).resolve().parents[3]
 IMAGE_REPO = "kimi-k3-rocm-cpu"
 PROMPT = "The stall-free prefill path"
-DEFAULT_STATE_DIR = REPO / ".cache" / "try-cpu"
-DEFAULT_PROJECT = "k3rocm-try"
 # Compose labels every container it starts with these (v1 and v2 alike).
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
 CONFIG_FILES_LABEL = "com.docker.compose.project.config_files"
 
 
+def engine_fix() -> str:
+    """The next step where no engine answers: the repository's own starter,
+    and Debian's packages first where dockerd is missing."""
+    start = "as root, scripts/docker-engine start starts one"
+    if shutil.which("dockerd") is None:
+        return (
+            "dockerd is not installed: apt-get install docker.io iptables, then "
+            + start
+        )
+    return start
+
+
 class TryError(Exception):
     """What stopped the try-out, in one line."""
 
 
-def log(message: str) -> None:
-    print(f"try-cpu: {message}", file=sys.stderr, flush=True)
+log = line_logger("try-cpu")
 
 
 def run(command: list[str], stdin: str | None = None, timeout: float = 3600) -> str:
@@ -98,7 +116,9 @@ def compose_program() -> list[str]:
     info = subprocess.run(["docker", "info"], capture_output=True, text=True)
     if info.returncode != 0:
         why = (info.stderr.strip().splitlines() or ["no answer"])[-1]
-        raise TryError(f"Docker's engine does not answer (docker info: {why})")
+        raise TryError(
+            f"Docker's engine does not answer (docker info: {why}); {engine_fix()}"
+        )
     return program
 
 
@@ -177,26 +197,6 @@ def prepare(state: Path, image: str, args: argparse.Namespace) -> None:
     (state / ".env").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
 
 
-def pull_monitoring(state: Path, services: tuple[str, ...]) -> None:
-    """The monitoring services' images, here or pulled now: a host that
-    cannot reach Docker Hub is told what to do instead of Compose's error."""
-    stack = json.loads((state / "compose.json").read_text())
-    for service in services:
-        ref = stack["services"][service]["image"]
-        here = ["docker", "image", "inspect", ref]
-        if subprocess.run(here, capture_output=True).returncode == 0:
-            continue
-        log(f"pulling {ref} ({service}) ...")
-        pulled = subprocess.run(["docker", "pull", ref], capture_output=True, text=True)
-        if pulled.returncode != 0:
-            why = (pulled.stderr.strip().splitlines() or ["no reason given"])[-1]
-            raise TryError(
-                f"cannot pull {ref}, the image of {service} ({why}); give one this "
-                f"host has or can pull with --{service}-image REF, or try it "
-                "without monitoring: --no-monitoring"
-            )
-
-
 def wait_healthy(compose: list[str], timeout: float) -> None:
     container = run([*compose, "ps", "-q", SERVER]).strip()
     if not container:
@@ -222,29 +222,6 @@ def wait_healthy(compose: list[str], timeout: float) -> None:
                 f"the server {why}; its last lines:\n{logs.stdout}{logs.stderr}"
             )
         time.sleep(3)
-
-
-def wait_ready(compose: list[str], service: str, url: str, timeout: float) -> None:
-    """A monitoring server's readiness endpoint answers 200."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/-/ready", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except (OSError, urllib.error.URLError):
-            pass
-        if time.monotonic() > deadline:
-            logs = subprocess.run(
-                [*compose, "logs", "--tail", "20", service],
-                capture_output=True,
-                text=True,
-            )
-            raise TryError(
-                f"{service} is not ready at {url} after {timeout:.0f} s; its last "
-                f"lines:\n{logs.stdout}{logs.stderr}"
-            )
-        time.sleep(2)
 
 
 def complete(api: str) -> str:
@@ -274,7 +251,7 @@ def up(args: argparse.Namespace) -> None:
         for service in services
         if service != SERVER
     }
-    pull_monitoring(state, tuple(monitoring))
+    settle_monitoring(state, tuple(monitoring), args, log)
     compose = compose_command(program, state, args.project)
     log(f"starting {', '.join(services)} ...")
     run([*compose, "up", "--detach", *services])
@@ -288,6 +265,10 @@ def up(args: argparse.Namespace) -> None:
     print(f"metrics:      {api}/metrics")
     for service, url in monitoring.items():
         print(f"{service.title() + ':':<14}{url}")
+    if "prometheus" in monitoring:
+        query = step_query(monitoring["prometheus"])
+        print(f"targets:      {monitoring['prometheus']}/targets")
+        print(f"step query:   {query}")
     print(f"stop it:      {stop_command(state, args.project)}")
 
 
@@ -335,74 +316,8 @@ def down(args: argparse.Namespace) -> int:
     return 1 if others else 0
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="scripts/try-cpu",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n")[-1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--down", action="store_true", help="stop the try-out")
-    p.add_argument(
-        "--state-dir",
-        type=Path,
-        default=DEFAULT_STATE_DIR,
-        help="where the model, the stack and its settings are kept "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--project",
-        default=DEFAULT_PROJECT,
-        help="Compose project name (default: %(default)s)",
-    )
-    p.add_argument(
-        "--api-port",
-        type=int,
-        default=8000,
-        metavar="N",
-        help="host port of the API and /metrics (default: %(default)s)",
-    )
-    p.add_argument(
-        "--prometheus-port",
-        type=int,
-        default=9090,
-        metavar="N",
-        help="host port of Prometheus (default: %(default)s)",
-    )
-    p.add_argument(
-        "--alertmanager-port",
-        type=int,
-        default=9093,
-        metavar="N",
-        help="host port of Alertmanager (default: %(default)s)",
-    )
-    p.add_argument(
-        "--prometheus-image",
-        metavar="REF",
-        help="instead of compose.yaml's pinned one (from Docker Hub)",
-    )
-    p.add_argument(
-        "--alertmanager-image",
-        metavar="REF",
-        help="instead of compose.yaml's pinned one (from Docker Hub)",
-    )
-    p.add_argument(
-        "--no-monitoring",
-        action="store_true",
-        help="start the server alone, without Prometheus and Alertmanager",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=1200,
-        metavar="SECONDS",
-        help="seconds the server may take to become healthy (default: %(default)s)",
-    )
-    return p  # fmt: skip
-
-
 def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+    args = parser(__doc__).parse_args(argv)
     # Compose records the compose file's path as given, and the printed stop
     # command must work from any directory.
     args.state_dir = args.state_dir.resolve()
@@ -410,7 +325,7 @@ def main(argv: list[str]) -> int:
         if args.down:
             return down(args)
         up(args)
-    except TryError as err:
+    except (TryError, MonitoringError) as err:
         log(str(err))
         return 1
     except KeyboardInterrupt:

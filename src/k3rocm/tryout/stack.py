@@ -19,7 +19,10 @@ from collections.abc import Mapping
 
 import yaml
 
+from k3rocm.common.line_log import line_logger
 from k3rocm.tryout.cpu import CPU_SERVER_ENV, SERVER
+
+log = line_logger("k3rocm.tryout.stack")
 
 # What compose.yaml gives the server for AMD GPUs, which a CPU machine lacks
 # (and `build`: the try-out runs the image it built on the stand-in base).
@@ -55,7 +58,7 @@ def main(argv: list[str]) -> int:
     try:
         stack = cpu_stack(yaml.safe_load(sys.stdin), dict(args.image))
     except (yaml.YAMLError, KeyError, TypeError, ValueError) as err:
-        print(f"k3rocm.tryout.stack: not a usable compose.yaml: {err}", file=sys.stderr)
+        log(f"not a usable compose.yaml: {err}")
         return 2
     json.dump(stack, sys.stdout, indent=1)
     print()
