@@ -15,17 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.vllm_trees import REPO
 
-from k3rocm.common import setting_table
-from k3rocm.common.setting_table import (
-    BY_ENV,
-    BY_NAME,
-    CONTAINER,
-    IMAGE,
-    LAUNCHER,
-    SETTINGS,
-    env_text,
-    markdown_table,
-)
+from k3rocm.common import setting_kinds, setting_table
+from k3rocm.common.setting_kinds import CONTAINER, IMAGE, LAUNCHER, env_text
+from k3rocm.common.setting_table import BY_ENV, BY_NAME, SETTINGS, markdown_table
 
 README = (REPO / "README.md").read_text()
 ENV_EXAMPLE = (REPO / "kimi-k3.env.example").read_text()
@@ -110,7 +102,7 @@ def test_no_other_module_names_a_setting_of_the_table():
 # One number parser for every setting: a whole number is ASCII digits only,
 # within the row's bounds, whatever the text; checked against a reference
 # written from that rule, not from the parser.
-WHOLE_ROWS = [s for s in SETTINGS if isinstance(s.kind, setting_table.Whole)]
+WHOLE_ROWS = [s for s in SETTINGS if isinstance(s.kind, setting_kinds.Whole)]
 
 
 @given(
@@ -130,7 +122,7 @@ def test_every_whole_number_setting_parses_as_the_rule_says(row, text):
     )
     try:
         got = row.read({row.env: text})
-    except setting_table.SettingError as err:
+    except setting_kinds.SettingError as err:
         assert expected is None and text, (text, expected)
         assert str(err).startswith(f"{row.env} is "), err
         return
@@ -138,7 +130,7 @@ def test_every_whole_number_setting_parses_as_the_rule_says(row, text):
 
 
 def test_a_refused_value_names_the_setting_and_a_value_that_works():
-    _, problems = setting_table.read_all(
+    _, problems = setting_kinds.read_all(
         {"K3_STATUS_PORT": "80a", "K3_SMOKE_ON_FAILURE": "ignore",
          "K3_SMOKE_STAGE1_TIMEOUT": "-1", "K3_STALL_SECONDS": "4"},
         SETTINGS,
@@ -161,23 +153,32 @@ def test_every_default_is_a_value_its_row_accepts():
 
 
 def test_the_launch_settings_are_the_launcher_rows():
-    """LaunchSettings holds every launcher row's value, typed and defaulted
-    by the row, as an attribute; its own fields are only what is worked out
-    from a row's text and other rows."""
+    """LaunchSettings has one typed field per launcher row and nothing else
+    but the stop budget; unset, a field not worked out is its row's default,
+    and the budget is the default grace's."""
     from dataclasses import fields
 
-    from k3rocm.launcher.settings import LaunchSettings, resolve
+    from k3rocm.launcher.settings import WORKED_OUT, LaunchSettings, resolve
 
     rows = {s.name for s in SETTINGS if s.group == LAUNCHER}
+    declared = {f.name for f in fields(LaunchSettings)}
+    assert declared == rows | {"stop_budget"}
+    assert WORKED_OUT <= rows
     settings = resolve(dict.fromkeys(rows))
-    assert set(settings.values) == rows
-    for name in rows - {f.name for f in fields(LaunchSettings)}:
+    for name in rows - WORKED_OUT:
         assert getattr(settings, name) == BY_NAME[name].default, name
-    derived = {f.name for f in fields(LaunchSettings)} - {"values"}
-    assert derived - rows == {"stop_budget"}
     assert settings.stop_budget.grace_seconds == BY_NAME["stop_grace_seconds"].default
-    with pytest.raises(AttributeError):
-        _ = settings.no_such_setting
+
+
+def test_a_typed_row_has_no_unchecked_text():
+    """Only a text row hands out its text unparsed; a typed row (a number,
+    a choice, a path, a flag) is read through its kind."""
+    for setting in SETTINGS:
+        if isinstance(setting.kind, setting_kinds.Text):
+            assert setting.text({}) == env_text(setting.default)
+        else:
+            with pytest.raises(TypeError, match=setting.env):
+                setting.text({setting.env: "x"})
 
 
 def test_owned_flags_come_from_the_rows():

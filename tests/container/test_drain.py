@@ -14,11 +14,8 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from k3rocm.common.metric_names import API_BODY_TOO_LARGE
-from k3rocm.common.setting_table import (
-    MAX_REQUEST_BYTES,
-    STOP_GRACE_SECONDS,
-    SettingError,
-)
+from k3rocm.common.setting_kinds import SettingError
+from k3rocm.common.setting_table import MAX_REQUEST_BYTES, STOP_GRACE_SECONDS
 from k3rocm.common.stop_budget import StopBudget
 from k3rocm.container import drain
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from k3rocm.accept.report import REPORT_JSON
+from k3rocm.common.setting_kinds import SettingError
 from k3rocm.common.setting_table import KDA_METADATA
 
 
@@ -86,11 +87,15 @@ class Compose:
             time.sleep(10)
 
     def path_of(self, cid: str) -> str:
-        """The container's K3_KDA_METADATA (its default when unset)."""
+        """The container's K3_KDA_METADATA (its default when unset); AbError
+        when it holds no metadata path."""
         env = dict(
             item.split("=", 1) for item in self.inspect(cid)["Config"]["Env"] or ()
         )
-        return KDA_METADATA.text(env)
+        try:
+            return str(KDA_METADATA.read(env))
+        except SettingError as error:
+            raise AbError(f"the service's {error}") from None
 
     def accept(
         self, args: list[str], directory: str, timeout: float

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from k3rocm.common.setting_table import HOST, PORT, SettingError
+from k3rocm.common.setting_kinds import SettingError
+from k3rocm.common.setting_table import HOST, PORT
 
 # Listening on every address: the other processes reach it on loopback.
 _ANY_ADDRESS = {"", "0.0.0.0", "::", "[::]"}

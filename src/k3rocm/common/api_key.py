@@ -10,7 +10,8 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from k3rocm.common.setting_table import API_KEY_FILE, shown
+from k3rocm.common.setting_kinds import shown
+from k3rocm.common.setting_table import API_KEY_FILE
 
 # Far beyond any API key; a larger file is something else.
 MAX_KEY_FILE_BYTES = 64 * 1024

@@ -168,7 +168,7 @@ def run_files_table() -> str:
 
 
 def run_dir(environ: Mapping[str, str] | None = None) -> Path:
-    return Path(RUN_DIR.text(os.environ if environ is None else environ))
+    return Path(RUN_DIR.read(os.environ if environ is None else environ))
 
 
 @dataclass(frozen=True)

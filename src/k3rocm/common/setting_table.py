@@ -2,11 +2,11 @@
 with its default, the values it takes, the vLLM flags it owns (the
 launcher's), who reads it and its meaning. Every module reads a setting
 through its row (``Setting.read``, or ``read_all`` for every problem at
-once): this is the only parser of settings. README's tables,
-kimi-k3.env.example, the launcher's options and owned flags and compose's
-allow-list come from these rows or are checked against them
-(tests/common/test_setting_table.py); ``python -m k3rocm.common.setting_table`` prints
-README's tables.
+once; k3rocm.common.setting_kinds holds the kinds that parse them): this is
+the only parser of settings. README's tables, kimi-k3.env.example, the
+launcher's options and owned flags and compose's allow-list come from these
+rows or are checked against them (tests/common/test_setting_table.py);
+``python -m k3rocm.common.setting_table`` prints README's tables.
 
 A default of None means no fixed value (unset, or worked out at run time);
 ``shown`` then says in words what happens, as the documentation shows it.
@@ -15,8 +15,6 @@ A default of None means no fixed value (unset, or worked out at run time);
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from k3rocm.common.profiles import (
@@ -26,220 +24,24 @@ from k3rocm.common.profiles import (
     FEATURES,
     PROFILES,
 )
+from k3rocm.common.setting_kinds import (
+    CONTAINER,
+    IMAGE,
+    LAUNCHER,
+    Default,
+    FilePath,
+    Flag,
+    Names,
+    OneOf,
+    Seconds,
+    Setting,
+    Whole,
+)
 from k3rocm.common.states import FailurePolicy
-
-Default = int | float | str | Path | tuple[str, ...] | bool | None
-
-# Where each setting is documented: the launcher's table (README, "Launching
-# Kimi-K3"), the container's (README, "Configuration"), or set by the image.
-LAUNCHER, CONTAINER, IMAGE = "launcher", "container", "image"
-
-# Longest stretch of a value a message repeats: enough to recognise it, short
-# enough that a 5,000-digit number or a pasted file stays readable.
-SHOWN_CHARS = 60
-# More digits than any setting's number needs; Python refuses to convert
-# numbers of more than 4,300 digits at all.
-MAX_DIGITS = 18
-TRUE_WORDS = ("1", "true", "yes", "on")
-FALSE_WORDS = ("0", "false", "no", "off")
-
-
-class SettingError(ValueError):
-    """A setting's value cannot be used; the message says what to set."""
-
-
-def shown(text: str) -> str:
-    """A value as a message quotes it: repr (control characters and broken
-    UTF-8 escaped), shortened."""
-    if len(text) > SHOWN_CHARS:
-        return repr(text[:SHOWN_CHARS]) + f" (+{len(text) - SHOWN_CHARS} more)"
-    return repr(text)
-
-
-def env_text(value: Default) -> str:
-    """A default as an environment variable spells it."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, tuple):
-        return ",".join(value)
-    return str(value)
-
-
-# The kinds of value a setting takes. Each parses a stripped, non-empty text
-# or raises SettingError naming the setting and what to set instead.
-
-
-@dataclass(frozen=True)
-class Text:
-    def parse(self, setting: Setting, text: str, launcher: bool) -> str:
-        return text
-
-
-@dataclass(frozen=True)
-class Names:
-    """A comma-separated list (the launcher checks the names themselves)."""
-
-    def parse(self, setting: Setting, text: str, launcher: bool) -> tuple[str, ...]:
-        return tuple(name.strip() for name in text.split(",") if name.strip())
-
-
-@dataclass(frozen=True)
-class FilePath:
-    def parse(self, setting: Setting, text: str, launcher: bool) -> Path:
-        return Path(text)
-
-
-@dataclass(frozen=True)
-class Whole:
-    low: int
-    high: int | None = None  # None: no bound but MAX_DIGITS
-
-    @property
-    def bounds(self) -> str:
-        if self.high is None:
-            return f"{self.low} or more"
-        return f"from {self.low} to {self.high}"
-
-    def parse(self, setting: Setting, text: str, launcher: bool) -> int:
-        digits = MAX_DIGITS if self.high is None else len(str(self.high))
-        if not (text.isascii() and text.isdigit() and len(text) <= digits) or not (
-            self.low <= int(text) <= (self.high if self.high is not None else int(text))
-        ):
-            raise SettingError(
-                f"{setting.label(launcher)} is {shown(text)}, not a whole number "
-                f"{self.bounds}; set a whole number in that range, e.g. "
-                f"{setting.example(self.low, launcher)}."
-            )
-        return int(text)
-
-
-@dataclass(frozen=True)
-class Seconds:
-    """A duration in seconds, fractions allowed, more than 0 and below high."""
-
-    high: float = 1e7
-
-    def parse(self, setting: Setting, text: str, launcher: bool) -> float:
-        try:
-            value = float(text) if text.isascii() else -1.0
-        except ValueError:
-            value = -1.0
-        if not 0 < value < self.high:
-            example = setting.example(1, launcher)
-            raise SettingError(
-                f"{setting.label(launcher)} is {shown(text)}, not a number of "
-                f"seconds above 0 and below {self.high:g}; set one, e.g. {example}."
-            )
-        return value
-
-
-@dataclass(frozen=True)
-class OneOf:
-    choices: tuple[str, ...]
-    noun: str | None = None  # "profile": "..., which is not a profile"
-
-    def parse(self, setting: Setting, text: str, launcher: bool) -> str:
-        if text not in self.choices and self.noun:
-            raise SettingError(
-                f"{setting.label(launcher)} is {shown(text)}, which is not a "
-                f"{self.noun}; use one of: {', '.join(self.choices)}."
-            )
-        if text not in self.choices:
-            raise SettingError(
-                f"{setting.label(launcher)} is {shown(text)}; set one of "
-                f"{', '.join(self.choices)} (default {env_text(setting.default)})"
-            )
-        return text
-
-
-@dataclass(frozen=True)
-class Flag:
-    def parse(self, setting: Setting, text: str, launcher: bool) -> bool:
-        word = text.lower()
-        if word in TRUE_WORDS:
-            return True
-        if word not in FALSE_WORDS:
-            raise SettingError(
-                f"{setting.label(launcher)} is {shown(text)}; set it to 1 or 0 (also "
-                f"accepted: {', '.join(TRUE_WORDS[1:])} / "
-                f"{', '.join(FALSE_WORDS[1:])})."
-            )
-        return False
-
-
-Kind = Text | Names | FilePath | Whole | Seconds | OneOf | Flag
-
-
-@dataclass(frozen=True)
-class Setting:
-    name: str
-    env: str
-    default: Default
-    meaning: str
-    group: str = LAUNCHER
-    kind: Kind = field(default_factory=Text)
-    option: str | None = None  # the launcher's command-line option
-    # vLLM 0.27.1's spellings of the flags this setting sets (the launcher
-    # refuses them in the extra arguments).
-    owns: tuple[str, ...] = ()
-    # The modules that read it (below k3rocm).
-    readers: tuple[str, ...] = ("launcher",)
-    shown: str | None = None  # the default in words, where the value says too little
-
-    @property
-    def takes_value(self) -> bool:
-        return not isinstance(self.kind, Flag)
-
-    def label(self, launcher: bool = False) -> str:
-        """How messages name it: the variable, and to the launcher's users
-        its option too."""
-        return f"{self.env} ({self.option})" if launcher else self.env
-
-    @property
-    def shown_default(self) -> str:
-        return self.shown if self.shown is not None else env_text(self.default)
-
-    def example(self, low: int, launcher: bool) -> str:
-        value = self.default if self.default is not None else low
-        return f"{self.option} {value}" if launcher else f"{self.env}={value}"
-
-    def text(self, environ: Mapping[str, str]) -> str:
-        """The variable's text, or the default's; compose passes unset
-        settings as empty strings."""
-        return environ.get(self.env, "").strip() or env_text(self.default)
-
-    def parse(self, text: str, launcher: bool = False) -> Default:
-        """A given value, stripped and non-empty, typed; SettingError says
-        what is wrong and what to set (naming the launcher's option too when
-        launcher is true)."""
-        return self.kind.parse(self, text, launcher)
-
-    def read(self, environ: Mapping[str, str]) -> Default:
-        """The setting's typed value (its default when unset or empty);
-        SettingError when the value cannot be used."""
-        text = environ.get(self.env, "").strip()
-        return self.parse(text) if text else self.default
-
-
-def read_all(
-    environ: Mapping[str, str], settings: Iterable[Setting]
-) -> tuple[dict[str, Default], list[str]]:
-    """Each setting's typed value by name (the default where refused), and
-    every problem, one message each."""
-    values: dict[str, Default] = {}
-    problems: list[str] = []
-    for setting in settings:
-        try:
-            values[setting.name] = setting.read(environ)
-        except SettingError as err:
-            values[setting.name] = setting.default
-            problems.append(str(err))
-    return values, problems
 
 
 def _launcher(name: str, default: Default, meaning: str, **rest) -> Setting:
+    """A launcher row: K3_<NAME>, and the option --<name>."""
     return Setting(
         name,
         "K3_" + name.upper(),
@@ -248,6 +50,16 @@ def _launcher(name: str, default: Default, meaning: str, **rest) -> Setting:
         option="--" + name.replace("_", "-"),
         **rest,
     )
+
+
+def _container(name: str, default: Default, meaning: str, **rest) -> Setting:
+    """A row of the container's table: K3_<NAME>."""
+    return Setting(name, "K3_" + name.upper(), default, meaning, CONTAINER, **rest)
+
+
+def _image(name: str, default: Default, meaning: str, **rest) -> Setting:
+    """A row the image sets: K3_<NAME>."""
+    return Setting(name, "K3_" + name.upper(), default, meaning, IMAGE, **rest)
 
 
 MODEL = _launcher(
@@ -402,98 +214,79 @@ DRY_RUN = _launcher(
     kind=Flag(),
 )
 
-SMOKE_ON_FAILURE = Setting(
+SMOKE_ON_FAILURE = _container(
     "smoke_on_failure",
-    "K3_SMOKE_ON_FAILURE",
     FailurePolicy.STOP,
     "`stop`: a failed smoke test makes the container unhealthy and exit 4. "
     "`warn`: keep serving, verdict gauge 0, loud log.",
-    CONTAINER,
     kind=OneOf(tuple(policy.value for policy in FailurePolicy)),
     readers=("smoke",),
 )
-SMOKE_STAGE1_TIMEOUT = Setting(
+SMOKE_STAGE1_TIMEOUT = _container(
     "smoke_stage1_timeout",
-    "K3_SMOKE_STAGE1_TIMEOUT",
     900,
     "Seconds for smoke stage 1 (checks before vLLM starts, GPU kernel "
     "compile included).",
-    CONTAINER,
     kind=Seconds(),
     readers=("smoke", "container.supervise"),
 )
-SMOKE_LOAD_TIMEOUT = Setting(
+SMOKE_LOAD_TIMEOUT = _container(
     "smoke_load_timeout",
-    "K3_SMOKE_LOAD_TIMEOUT",
     # Loading Kimi-K3's weights takes hours; the health check's start period
     # is sized the same.
     21600,
     "Seconds vLLM may take to answer `/health` (weights loading).",
-    CONTAINER,
     kind=Seconds(),
     readers=("smoke", "monitoring.alerts"),
 )
-SMOKE_STAGE2_TIMEOUT = Setting(
+SMOKE_STAGE2_TIMEOUT = _container(
     "smoke_stage2_timeout",
-    "K3_SMOKE_STAGE2_TIMEOUT",
     600,
     "Seconds for smoke stage 2's requests once vLLM is healthy.",
-    CONTAINER,
     kind=Seconds(),
     readers=("smoke",),
 )
-VLLM_MAX_RESTARTS = Setting(
+VLLM_MAX_RESTARTS = _container(
     "vllm_max_restarts",
-    "K3_VLLM_MAX_RESTARTS",
     3,
     "vLLM deaths tolerated (each is restarted) before the container exits 3.",
-    CONTAINER,
     kind=Whole(0, 1000),
     readers=("container.guard", "container.supervise"),
 )
-VLLM_START_SECONDS = Setting(
+VLLM_START_SECONDS = _container(
     "vllm_start_seconds",
-    "K3_VLLM_START_SECONDS",
     10,
     "vLLM dying sooner counts as a failed start (retried, then fatal: exit 3).",
-    CONTAINER,
     kind=Whole(0, 3600),
     readers=("container.supervise",),
 )
-STATUS_PORT = Setting(
+STATUS_PORT = _container(
     "status_port",
-    "K3_STATUS_PORT",
     8001,
     "Port of the container's own start-up metrics (k3rocm.container.status); "
     "Prometheus scrapes it on the server's service name.",
-    CONTAINER,
     kind=Whole(1, 65535),
     readers=("container.status", "monitoring.alerts", "monitoring.dashboard"),
 )
-STATUS_HOST = Setting(
+STATUS_HOST = _container(
     "status_host",
-    "K3_STATUS_HOST",
     "0.0.0.0",
     "Address the start-up metrics listen on: every address of the "
     "container's own network (one node); compose.multinode.yaml sets the "
     "node's cluster address (VLLM_HOST_IP), not every interface of the host.",
-    CONTAINER,
     readers=("container.status",),
 )
-LOAD_ALERT_SECONDS = Setting(
+LOAD_ALERT_SECONDS = _container(
     "load_alert_seconds",
-    "K3_LOAD_ALERT_SECONDS",
     3 * 3600,
     "Seconds of start-up (smoke stage 1, loading, stage 2) after which the "
     "alert KimiK3LoadSlow fires.",
-    CONTAINER,
     kind=Whole(1, 7 * 24 * 3600),
     readers=("container.status", "monitoring.alerts"),
 )
 
-STALL_SECONDS = Setting(
+STALL_SECONDS = _container(
     "stall_seconds",
-    "K3_STALL_SECONDS",
     # Far above any step that ends (tens of ms to a few seconds), above the
     # slowest legitimate one known (a cold AITER module build on the first
     # request of a new shape, ~225 s on gfx950), as sglang's 300 s watchdog.
@@ -501,18 +294,15 @@ STALL_SECONDS = Setting(
     "Seconds without an engine step while requests are pending after which "
     "the engine counts as stalled: stacks are captured, the container exits "
     '5 (see "When the engine stalls").',
-    CONTAINER,
     kind=Whole(5, 24 * 3600),
     readers=("container.watchdog", "container.status", "monitoring.alerts"),
 )
-FORENSICS_DIR = Setting(
+FORENSICS_DIR = _container(
     "forensics_dir",
-    "K3_FORENSICS_DIR",
     Path("/home/k3/.cache/k3rocm/forensics"),
     "Where stall stack dumps and failed smoke reports "
     "(`smoke-report-<UTC time>.json`) are kept (on the cache volume, so they "
     "outlive the container).",
-    CONTAINER,
     kind=FilePath(),
     readers=("container.guard", "container.watchdog", "container.writable", "smoke"),
 )
@@ -521,29 +311,25 @@ FORENSICS_DIR = Setting(
 # stall), so that one image can be compared against itself. Both carry the
 # correctness fixes (vLLM #50649): the A/B is stall against no stall.
 KDA_METADATA_PATHS = ("device", "legacy")
-KDA_METADATA = Setting(
+KDA_METADATA = _container(
     "kda_metadata",
-    "K3_KDA_METADATA",
     KDA_METADATA_PATHS[0],
     "`device`: the series' stall-free prefill path (KDA chunk metadata built "
     "on the GPU). `legacy`: vLLM 0.27.1's own metadata path, stall included "
     "(with the series' correctness fixes), to compare one image against "
     'itself (see "Check it on your hardware").',
-    CONTAINER,
     kind=OneOf(KDA_METADATA_PATHS),
     readers=("smoke", "plugin.build_info", "launcher", "accept"),
 )
 
 # vLLM's admin, scaling and documentation routes (container.api_access):
 # off by default, as they let whoever reaches the port act on the server.
-API_ADMIN_ROUTES = Setting(
+API_ADMIN_ROUTES = _container(
     "api_admin_routes",
-    "K3_API_ADMIN_ROUTES",
     False,
     "`1`: vLLM's admin, scaling and documentation routes (`/scale_elastic_ep`, "
     "`/load`, `/docs`, `/openapi.json`, ...) answer, behind the API key. `0`: "
     'they answer 404 (docs/container.md, "Who may use the API").',
-    CONTAINER,
     kind=Flag(),
     readers=("container.api_access",),
 )
@@ -551,53 +337,43 @@ API_ADMIN_ROUTES = Setting(
 # The largest request body the API server reads (container.request_body):
 # room for a 1M-token prompt (about 10 MB of JSON at worst: token ids, or
 # text escaped as \uXXXX) and the images a multimodal request carries.
-MAX_REQUEST_BYTES = Setting(
+MAX_REQUEST_BYTES = _container(
     "max_request_bytes",
-    "K3_MAX_REQUEST_BYTES",
     64 * 2**20,
     "Largest request body in bytes the API server reads; a larger one is "
     "answered 413 before it is read (a declared length) or as soon as it "
     'passes the limit (a chunked body) (docs/container.md, "Request bodies").',
-    CONTAINER,
     shown="67108864 (64 MiB)",
     kind=Whole(4096, 2**34),
     readers=("container.request_body",),
 )
 
-RUN_DIR = Setting(
+RUN_DIR = _image(
     "run_dir",
-    "K3_RUN_DIR",
     Path("/run/k3rocm"),
     'The container\'s runtime directory (docs/container.md, "The run directory").',
-    IMAGE,
     kind=FilePath(),
     readers=("common.run_files", "container.supervise", "container.writable"),
 )
-SMOKE_REPORT = Setting(
+SMOKE_REPORT = _image(
     "smoke_report",
-    "K3_SMOKE_REPORT",
     None,
     "The smoke test's JSON report.",
-    IMAGE,
     shown='in K3_RUN_DIR (docs/container.md, "The run directory")',
     kind=FilePath(),
     readers=("common.run_files", "container.supervise"),
 )
-SUPERVISORD_CONF = Setting(
+SUPERVISORD_CONF = _image(
     "supervisord_conf",
-    "K3_SUPERVISORD_CONF",
     Path("/opt/k3rocm/docker/supervisord.conf"),
     "supervisord's configuration (docker/supervisord.conf in the image).",
-    IMAGE,
     kind=FilePath(),
     readers=("container.supervise",),
 )
-IMAGE_TAG = Setting(
+IMAGE_TAG = _image(
     "image_tag",
-    "K3_IMAGE_TAG",
     None,
     "The image's tag (the Dockerfile sets it); k3rocm_build_info reports it.",
-    IMAGE,
     shown="the image's",
     readers=("plugin.build_info",),
 )

@@ -70,12 +70,12 @@ from k3rocm.common.run_files import (
     run_dir,
     smoke_report_path,
 )
+from k3rocm.common.setting_kinds import read_all
 from k3rocm.common.setting_table import (
     LOAD_ALERT_SECONDS,
     STALL_SECONDS,
     STATUS_HOST,
     STATUS_PORT,
-    read_all,
 )
 from k3rocm.common.smoke_report import (
     VERDICT_FAIL,

@@ -53,6 +53,7 @@ from k3rocm.common.run_files import (
     run_dir,
     smoke_report_path,
 )
+from k3rocm.common.setting_kinds import env_text, read_all
 from k3rocm.common.setting_table import (
     HOST,
     PORT,
@@ -63,8 +64,6 @@ from k3rocm.common.setting_table import (
     SUPERVISORD_CONF,
     VLLM_MAX_RESTARTS,
     VLLM_START_SECONDS,
-    env_text,
-    read_all,
 )
 from k3rocm.common.stop_budget import StopBudget
 from k3rocm.container.drain import wait_drained, write_drain_mark

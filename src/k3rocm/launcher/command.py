@@ -65,7 +65,7 @@ def build_launch(
         env += [(name, environ.get(name) or value) for name, value in AMD_ENV]
         # Which metadata path the Kimi KDA layer takes (patch 0004 reads it;
         # supervise run refused any other value): shown in the dry run.
-        env.append((KDA_METADATA.env, KDA_METADATA.text(environ)))
+        env.append((KDA_METADATA.env, str(KDA_METADATA.read(environ))))
     if settings.max_num_seqs is not None:
         lines.append(("--max-num-seqs", str(settings.max_num_seqs)))
     if settings.max_model_len is not None:

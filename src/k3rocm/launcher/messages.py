@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from k3rocm.common.setting_table import BY_NAME, shown
+from k3rocm.common.setting_kinds import shown
+from k3rocm.common.setting_table import BY_NAME
 
 __all__ = ["InvalidSettings", "label", "shown"]
 

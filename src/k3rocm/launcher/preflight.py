@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from k3rocm.common.setting_table import CONTAINER_SETTINGS, read_all
+from k3rocm.common.setting_kinds import read_all
+from k3rocm.common.setting_table import CONTAINER_SETTINGS
 from k3rocm.launcher.settings import LaunchSettings, raw_settings, resolve_all
 from k3rocm.launcher.spec_mode import spec_mode_problems
 from k3rocm.launcher.step_bound import step_bound_problems

@@ -8,7 +8,8 @@ import os
 import shlex
 from collections.abc import Mapping
 
-from k3rocm.common.setting_table import BY_NAME, Default, SettingError
+from k3rocm.common.setting_kinds import Default, SettingError
+from k3rocm.common.setting_table import BY_NAME
 from k3rocm.launcher.messages import label, shown
 
 

@@ -19,15 +19,12 @@ from k3rocm.common.profiles import (
     PROFILES,
     Profile,
 )
+from k3rocm.common.setting_kinds import Default, FilePath, Names, Text
 from k3rocm.common.setting_table import (
     LAUNCHER_SETTINGS,
     MODEL,
     PROFILE,
     SERVED_MODEL_NAME,
-    Default,
-    FilePath,
-    Names,
-    Text,
 )
 from k3rocm.common.stop_budget import StopBudget
 from k3rocm.launcher.layout import check_layout
@@ -48,28 +45,39 @@ __all__ = [
 
 @dataclass(frozen=True)
 class LaunchSettings:
-    """Every launcher row's value, typed by its row (its default where unset
-    or refused), as an attribute named like the row; and, as fields, what is
-    worked out from a row's text and other rows. A new launcher setting is
-    its row and its consumer."""
+    """One typed field per launcher row, named like the row: its value, its
+    default where unset or refused (tests/common/test_setting_table.py
+    holds the fields to the rows). Most are the row's value as read; the
+    ones in WORKED_OUT are worked out from the row's text and other rows.
+    stop_budget is derived from stop_grace_seconds."""
 
-    values: Mapping[str, Default]
     model: str  # ~ expanded as a shell would
     served_model_name: str
     profile: Profile
     features: tuple[str, ...]
-    max_num_seqs: int | None
+    max_model_len: int | None
+    max_num_seqs: int | None  # the AMD recipe's on Kimi-K3 profiles
+    host: str
+    port: int
+    api_key_file: Path | None
     extra_args: tuple[str, ...]  # K3_EXTRA_ARGS split, then what follows `--`
     num_nodes: int
+    node_rank: int | None
+    master_addr: str | None
+    master_port: int
+    gpu_count: int | None
+    dri_dir: Path
     vllm_command: tuple[str, ...] | None
+    stop_grace_seconds: int
+    dry_run: bool
     stop_budget: StopBudget
 
-    def __getattr__(self, name: str) -> Default:
-        # Only for names that are no field: a row's own value.
-        try:
-            return self.values[name]
-        except KeyError:
-            raise AttributeError(name) from None
+
+# The fields resolve_all works out rather than taking the row's value.
+WORKED_OUT = frozenset(
+    {"model", "served_model_name", "profile", "features", "max_num_seqs",
+     "extra_args", "num_nodes", "vllm_command"}
+)  # fmt: skip
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -199,7 +207,7 @@ def resolve_all(
         AMD_MAX_NUM_SEQS if profile and profile.kimi_on_rocm else None
     )
     settings = LaunchSettings(
-        values=values,
+        **{name: value for name, value in values.items() if name not in WORKED_OUT},
         model=resolver.path("model") or MODEL.default,
         served_model_name=served_model_name or SERVED_MODEL_NAME.default,
         profile=profile or PROFILES[PROFILE.default],

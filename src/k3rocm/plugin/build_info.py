@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from k3rocm.common.json_file import UnreadableJson, read_json_file
 from k3rocm.common.metric_names import BUILD_INFO
-from k3rocm.common.setting_table import IMAGE_TAG, KDA_METADATA, KDA_METADATA_PATHS
+from k3rocm.common.setting_kinds import SettingError
+from k3rocm.common.setting_table import IMAGE_TAG, KDA_METADATA
 from k3rocm.common.states import PatchState
 from k3rocm.patchtool.patchset import Refusal, find_installed_target, inspect
 from k3rocm.patchtool.series import MARKER_NAME, Series, SeriesError, default_series_dir
@@ -131,8 +132,10 @@ def build_info_labels() -> dict[str, str]:
 
 
 def kda_metadata_label() -> str:
-    path = KDA_METADATA.text(os.environ)
-    return path if path in KDA_METADATA_PATHS else INVALID
+    try:
+        return str(KDA_METADATA.read(os.environ))
+    except SettingError:
+        return INVALID
 
 
 def install_build_info(
