@@ -1,9 +1,10 @@
-"""Test session set-up: import vLLM from a tree the real patch tool patched,
-and let vLLM's Triton kernels run in the Triton interpreter on the CPU."""
+"""Test session set-up every wing shares, none of it vLLM: Triton's
+interpreter chosen before any Triton import, the container tests' images and
+the stand-in health endpoint. Wings that run vLLM import support.vllm_session
+in their own conftest.py (the patched tree on sys.path)."""
 
 import http.server
 import os
-import sys
 import threading
 
 # Before triton is imported anywhere: run kernels on CPU tensors.
@@ -12,25 +13,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest
 from support.docker_images import build_image, build_standin, require_engine
 from support.registry import PUSHED, build_image_push, running_registry
-from support.vllm_trees import patched_tree
 
 from k3rocm.tryout.tiny_model import build_for_containers
-
-PATCHED_ROOT = patched_tree()
-sys.path.insert(0, str(PATCHED_ROOT))
-
-
-def _enable_triton_for_vllm() -> None:
-    """vllm.triton_utils swaps Triton for a placeholder when no GPU driver is
-    active; bind the real modules so @triton.jit kernels run interpreted."""
-    import triton
-    import triton.language as tl
-    import vllm.triton_utils as triton_utils
-
-    triton_utils.triton, triton_utils.tl, triton_utils.HAS_TRITON = triton, tl, True
-
-
-_enable_triton_for_vllm()
 
 
 # The container tests' images (tests/support/docker_images.py), built once a session.

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as grafana
+from support.without_vllm import WITHOUT_VLLM
 
 from k3rocm.monitoring import alerts, dashboard
 from k3rocm.monitoring import names as monitoring
@@ -112,22 +113,6 @@ def test_committed_alert_rules_are_current(rule_file):
         f"monitoring/{rule_file} is stale: run python -m k3rocm.monitoring.alerts "
         "--output-dir monitoring"
     )
-
-
-# Runs a module as `python -m` would, in a Python where `import vllm` fails
-# (an editor of an alert threshold has no inference engine installed).
-WITHOUT_VLLM = """
-import runpy, sys
-
-class NoVllm:
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] == "vllm":
-            raise ModuleNotFoundError(f"No module named {name!r}")
-
-sys.meta_path.insert(0, NoVllm())
-module, *sys.argv[1:] = sys.argv[1:]
-runpy.run_module(module, run_name="__main__", alter_sys=True)
-"""
 
 
 @pytest.mark.parametrize(
