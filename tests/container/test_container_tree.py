@@ -40,6 +40,7 @@ from support.mounts import full
 from k3rocm.common.exit_codes import ExitCode
 from k3rocm.common.metric_names import API_BODY_TOO_LARGE
 from k3rocm.common.setting_table import SERVED_MODEL_NAME
+from k3rocm.common.smoke_report import CheckName
 
 # A cold vLLM CPU server takes ~50 s here; the smoke test's stage 1 ~25 s.
 SERVER_START = 240
@@ -160,21 +161,21 @@ def test_smoke_passes_then_sigterm_stops_vllm_gracefully(container, tmp_path):
     report = tree.report
     assert report["verdict"] == "pass", report
     assert checks(report, "stage1") == {
-        "patch marker": "pass",
-        "kda metadata path": "pass",
-        "kimi backend": "skip",
-        "device kernel": "pass",
-        "kda numerics": "pass",
-        "no device sync": "skip",
+        CheckName.PATCH_MARKER: "pass",
+        CheckName.KDA_METADATA_PATH: "pass",
+        CheckName.KIMI_BACKEND: "skip",
+        CheckName.DEVICE_KERNEL: "pass",
+        CheckName.KDA_NUMERICS: "pass",
+        CheckName.NO_DEVICE_SYNC: "skip",
     }
     assert checks(report, "stage2") == {
-        "health": "pass",
-        "completion": "pass",
-        "prefill metrics": "pass",
-        "sampled completion": "pass",
+        CheckName.HEALTH: "pass",
+        CheckName.COMPLETION: "pass",
+        CheckName.PREFILL_METRICS: "pass",
+        CheckName.SAMPLED_COMPLETION: "pass",
     }
-    assert "not ROCm" in detail(report, "stage1", "kimi backend")
-    assert detail(report, "stage1", "kda metadata path").startswith("device: ")
+    assert "not ROCm" in detail(report, "stage1", CheckName.KIMI_BACKEND)
+    assert detail(report, "stage1", CheckName.KDA_METADATA_PATH).startswith("device: ")
     assert "k3rocm.smoke: verdict=pass policy=stop" in tree.log
     assert "the engine stalled" not in tree.log
     health = tree.health()
@@ -212,9 +213,9 @@ def test_warn_policy_serves_with_failed_smoke_and_vllm_killed_once_restarts(
 
     report = tree.report
     assert report["verdict"] == "fail" and report["policy"] == "warn"
-    assert checks(report, "stage1") == {"patch marker": "fail"}
-    assert "pristine" in detail(report, "stage1", "patch marker")
-    assert checks(report, "stage2")["completion"] == "pass"
+    assert checks(report, "stage1") == {CheckName.PATCH_MARKER: "fail"}
+    assert "pristine" in detail(report, "stage1", CheckName.PATCH_MARKER)
+    assert checks(report, "stage2")[CheckName.COMPLETION] == "pass"
     assert "SERVING ANYWAY" in tree.log
     assert ready.read_text().strip() == "fail"
     assert tree.health().returncode == 0

@@ -12,7 +12,7 @@ import torch
 from support.vllm_trees import SERIES, copy_tree, installed_root, patched_tree
 
 from k3rocm.common.exit_codes import ExitCode
-from k3rocm.common.smoke_report import Stage
+from k3rocm.common.smoke_report import CheckName, Stage
 from k3rocm.common.states import Verdict
 from k3rocm.container.guard import Guard
 from k3rocm.smoke.chunk_reference import CHUNK_SIZE
@@ -33,19 +33,19 @@ def test_stage1_on_cpu_runs_the_kernel_interpreted_and_skips_gpu_checks(
     stage = Stage()
     run_stage1(stage, SERIES, kda_heads=12)
     assert statuses(stage) == {
-        "patch marker": "pass",
-        "kda metadata path": "pass",
-        "kimi backend": "skip",
-        "device kernel": "pass",
-        "kda numerics": "pass",
-        "no device sync": "skip",
+        CheckName.PATCH_MARKER: "pass",
+        CheckName.KDA_METADATA_PATH: "pass",
+        CheckName.KIMI_BACKEND: "skip",
+        CheckName.DEVICE_KERNEL: "pass",
+        CheckName.KDA_NUMERICS: "pass",
+        CheckName.NO_DEVICE_SYNC: "skip",
     }
     details = {check.name: check.detail for check in stage.checks}
-    assert "on cpu" in details["device kernel"]
-    assert "match the float64 reference on cpu" in details["kda numerics"]
-    assert "not ROCm" in details["kimi backend"]
-    assert "no GPU" in details["no device sync"]
-    assert details["kda metadata path"].startswith("device: ")
+    assert "on cpu" in details[CheckName.DEVICE_KERNEL]
+    assert "match the float64 reference on cpu" in details[CheckName.KDA_NUMERICS]
+    assert "not ROCm" in details[CheckName.KIMI_BACKEND]
+    assert "no GPU" in details[CheckName.NO_DEVICE_SYNC]
+    assert details[CheckName.KDA_METADATA_PATH].startswith("device: ")
 
 
 def test_stage1_reports_the_legacy_path_and_refuses_other_values(monkeypatch):
@@ -56,16 +56,16 @@ def test_stage1_reports_the_legacy_path_and_refuses_other_values(monkeypatch):
     stage = Stage()
     run_stage1(stage, SERIES, kda_heads=12)
     details = {check.name: check.detail for check in stage.checks}
-    assert statuses(stage)["kda metadata path"] == "pass"
-    assert "expected" in details["kda metadata path"]
+    assert statuses(stage)[CheckName.KDA_METADATA_PATH] == "pass"
+    assert "expected" in details[CheckName.KDA_METADATA_PATH]
     # On ROCm, legacy resolves the real layer to vLLM 0.27.1's backend.
-    assert statuses(stage)["kimi backend"] == "pass"
-    assert "GDN_ATTN (K3_KDA_METADATA=legacy)" in details["kimi backend"]
+    assert statuses(stage)[CheckName.KIMI_BACKEND] == "pass"
+    assert "GDN_ATTN (K3_KDA_METADATA=legacy)" in details[CheckName.KIMI_BACKEND]
     monkeypatch.setenv("K3_KDA_METADATA", "fast")
     stage = Stage()
     run_stage1(stage, SERIES, kda_heads=12)
-    assert statuses(stage)["kda metadata path"] == "fail"
-    assert "kimi backend" not in statuses(stage)
+    assert statuses(stage)[CheckName.KDA_METADATA_PATH] == "fail"
+    assert CheckName.KIMI_BACKEND not in statuses(stage)
 
 
 def poisoned_result(kernel, damage):
@@ -108,7 +108,7 @@ def test_kda_numerics_fails_on_a_poisoned_result(monkeypatch, op, damage):
     stage = Stage()
     assert not check_kda_numerics(stage, "cpu")
     (check,) = stage.checks
-    assert (check.name, check.status) == ("kda numerics", "fail")
+    assert (check.name, check.status) == (CheckName.KDA_NUMERICS, "fail")
     assert "differ from the float64 reference on cpu" in check.detail
     if damage is nan_first_output:
         assert "largest error inf times" in check.detail
@@ -125,14 +125,16 @@ def test_stage1_with_dspark_checks_a_spec_step_too(monkeypatch):
     monkeypatch.setattr(
         stage1,
         "check_kda_numerics",
-        lambda stage, *_: stage.add("kda numerics", Verdict.PASS, ""),
+        lambda stage, *_: stage.add(CheckName.KDA_NUMERICS, Verdict.PASS, ""),
     )
     stage = Stage()
     run_stage1(stage, SERIES, kda_heads=12, speculative=True)
     names = [check.name for check in stage.checks]
-    assert names[names.index("kda numerics") + 1] == "kda spec numerics"
-    assert statuses(stage)["kda spec numerics"] == "pass"
-    (detail,) = (c.detail for c in stage.checks if c.name == "kda spec numerics")
+    assert names[names.index(CheckName.KDA_NUMERICS) + 1] == CheckName.KDA_SPEC_NUMERICS
+    assert statuses(stage)[CheckName.KDA_SPEC_NUMERICS] == "pass"
+    (detail,) = (
+        c.detail for c in stage.checks if c.name == CheckName.KDA_SPEC_NUMERICS
+    )
     assert "match the float64 reference on cpu" in detail
     assert Settings.from_env({"K3_FEATURES": "dspark"}).speculative
     assert not Settings.from_env({}).speculative
@@ -201,7 +203,7 @@ def test_kda_spec_numerics_fails_on_a_planted_error(monkeypatch, op, plant, says
     stage = Stage()
     assert not check_kda_spec_numerics(stage, "cpu")
     (check,) = stage.checks
-    assert (check.name, check.status) == ("kda spec numerics", "fail")
+    assert (check.name, check.status) == (CheckName.KDA_SPEC_NUMERICS, "fail")
     if says == "inf":
         assert "largest error inf times" in check.detail
     elif says == "differ":
@@ -272,7 +274,7 @@ def test_a_stage_that_hangs_fails_on_its_timeout():
     in_time = run_with_timeout(lambda s: time.sleep(30), stage, 0.5)
     assert not in_time
     assert stage.status == "fail"
-    assert statuses(stage) == {"timeout": "fail"}
+    assert statuses(stage) == {CheckName.TIMEOUT: "fail"}
 
 
 def test_a_stage_that_crashes_fails_instead_of_hanging():

@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 
 from k3rocm.common.states import FailurePolicy, Verdict
@@ -19,6 +20,27 @@ from k3rocm.common.states import FailurePolicy, Verdict
 # A verdict as a gauge shows it.
 VERDICT_PASS, VERDICT_FAIL, VERDICT_PENDING = 1, 0, -1
 _NUMBERS = {Verdict.PASS: VERDICT_PASS, Verdict.FAIL: VERDICT_FAIL}
+
+
+class CheckName(StrEnum):
+    """Every check the smoke test reports, by the name its report carries
+    (the container's tests and an operator's jq read checks by it)."""
+
+    PATCH_MARKER = "patch marker"
+    KDA_METADATA_PATH = "kda metadata path"
+    KIMI_BACKEND = "kimi backend"
+    DEVICE_KERNEL = "device kernel"
+    NO_DEVICE_SYNC = "no device sync"
+    KDA_NUMERICS = "kda numerics"
+    KDA_SPEC_NUMERICS = "kda spec numerics"
+    HEALTH = "health"
+    COMPLETION = "completion"
+    SAMPLED_COMPLETION = "sampled completion"
+    PREFILL_METRICS = "prefill metrics"
+    SPECULATIVE_DECODING = "speculative decoding"
+    JOINED = "joined"
+    CRASHED = "crashed"
+    TIMEOUT = "timeout"
 
 
 @dataclass

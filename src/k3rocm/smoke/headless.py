@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from k3rocm.common.node import Node, connected_to, vllm_group_alive
-from k3rocm.common.smoke_report import Stage
+from k3rocm.common.smoke_report import CheckName, Stage
 from k3rocm.common.states import Verdict
 from k3rocm.smoke.settings import Settings
 
@@ -22,7 +22,7 @@ def run_headless_stage2(stage: Stage, settings: Settings, node: Node) -> None:
             str(node.master_addr), node.master_port
         ):
             stage.add(
-                "joined",
+                CheckName.JOINED,
                 Verdict.PASS,
                 f"headless node {node.rank}: vLLM runs and is connected to node 0 "
                 f"at {master}; node 0's smoke test serves the completion",
@@ -30,7 +30,7 @@ def run_headless_stage2(stage: Stage, settings: Settings, node: Node) -> None:
             return
         time.sleep(POLL_SECONDS)
     stage.add(
-        "joined",
+        CheckName.JOINED,
         Verdict.FAIL,
         f"headless node {node.rank}: vLLM did not run connected to node 0 at "
         f"{master} within {settings.load_timeout:.0f} s (K3_SMOKE_LOAD_TIMEOUT); "

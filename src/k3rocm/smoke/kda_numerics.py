@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from k3rocm.common.smoke_report import Stage
+from k3rocm.common.smoke_report import CheckName, Stage
 from k3rocm.common.states import Verdict
 from k3rocm.smoke import kda_reference as ref
 from k3rocm.smoke.chunk_reference import cu_seqlens_of
@@ -225,7 +225,7 @@ def check_kda_numerics(
         f"a mixed step ({DECODES} decodes, prefills of {'/'.join(map(str, PREFILLS))}"
         f" tokens, {heads} heads) through the recurrent and chunk KDA kernels"
     )
-    return report_numerics(stage, "kda numerics", what, device, heads, measure)
+    return report_numerics(stage, CheckName.KDA_NUMERICS, what, device, heads, measure)
 
 
 def report_numerics(

@@ -23,7 +23,7 @@ allocator; in the interpreter 2 heads of size 32, about a second).
 
 from __future__ import annotations
 
-from k3rocm.common.smoke_report import Stage
+from k3rocm.common.smoke_report import CheckName, Stage
 from k3rocm.smoke import kda_reference as ref
 from k3rocm.smoke.chunk_reference import cu_seqlens_of
 from k3rocm.smoke.kda_numerics import (
@@ -34,7 +34,6 @@ from k3rocm.smoke.kda_numerics import (
     report_numerics,
 )
 
-CHECK = "kda spec numerics"
 NUM_SPEC = 3  # K: block-table rows 1 + K wide
 # Spec decodes: their query lengths (1 + K, and a request with a shorter
 # draft) and accepted counts (1 .. 1 + K).
@@ -165,4 +164,6 @@ def check_kda_spec_numerics(
         f"decodes on its strided column 0; {heads} heads) through the recurrent "
         "KDA kernels"
     )
-    return report_numerics(stage, CHECK, what, device, heads, measure)
+    return report_numerics(
+        stage, CheckName.KDA_SPEC_NUMERICS, what, device, heads, measure
+    )

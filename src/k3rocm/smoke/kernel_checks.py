@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
-from k3rocm.common.smoke_report import Stage
+from k3rocm.common.smoke_report import CheckName, Stage
 from k3rocm.common.states import Verdict
 from k3rocm.smoke.chunk_reference import (
     CHUNK_SIZE,
@@ -82,7 +82,7 @@ def compare_with_reference(
 def check_kernel_battery(stage: Stage, device: str | None) -> bool:
     if device is None:
         return stage.add(
-            "device kernel",
+            CheckName.DEVICE_KERNEL,
             Verdict.SKIP,
             "no GPU, and TRITON_INTERPRET is not 1: nowhere to run the kernel",
         )
@@ -91,12 +91,12 @@ def check_kernel_battery(stage: Stage, device: str | None) -> bool:
     mismatches = compare_with_reference(prepare_chunk_metadata_device, device)
     if mismatches:
         return stage.add(
-            "device kernel",
+            CheckName.DEVICE_KERNEL,
             Verdict.FAIL,
             f"differs from the reference on {device} for: " + "; ".join(mismatches),
         )
     return stage.add(
-        "device kernel",
+        CheckName.DEVICE_KERNEL,
         Verdict.PASS,
         f"equals the reference on {len(KERNEL_BATTERY)} batches on {device}",
     )
@@ -135,7 +135,7 @@ def sync_check(build: MetadataBuilder, legacy: MetadataBuilder) -> tuple[Verdict
 def check_no_sync(stage: Stage, device: str | None) -> bool:
     if device != "cuda":
         return stage.add(
-            "no device sync",
+            CheckName.NO_DEVICE_SYNC,
             Verdict.SKIP,
             "no GPU: torch.cuda.set_sync_debug_mode needs a device",
         )
@@ -148,4 +148,4 @@ def check_no_sync(stage: Stage, device: str | None) -> bool:
         prepare_chunk_metadata_device,
         lambda cu, _cu_cpu: prepare_chunk_indices(cu, CHUNK_SIZE),
     )
-    return stage.add("no device sync", status, detail)
+    return stage.add(CheckName.NO_DEVICE_SYNC, status, detail)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import urllib.error
 
-from k3rocm.common.smoke_report import Stage
+from k3rocm.common.smoke_report import CheckName, Stage
 from k3rocm.common.states import Verdict
 from k3rocm.smoke.http import Http
 
@@ -54,7 +54,7 @@ def check_speculative(
         if before is None:
             if expected:
                 stage.add(
-                    "speculative decoding",
+                    CheckName.SPECULATIVE_DECODING,
                     Verdict.FAIL,
                     f"K3_FEATURES has dspark but /metrics shows no {DRAFTS}: the "
                     "engine is not speculating (see vLLM's log for the "
@@ -72,7 +72,7 @@ def check_speculative(
         after = wait_for_drafts(http, before)
     except (OSError, urllib.error.URLError, KeyError, ValueError) as err:
         stage.add(
-            "speculative decoding",
+            CheckName.SPECULATIVE_DECODING,
             Verdict.FAIL,
             f"a speculative completion failed: {err!r}"[:500],
         )
@@ -81,7 +81,7 @@ def check_speculative(
     drafts = after[DRAFTS] - before[DRAFTS]
     if tokens < SPEC_MAX_TOKENS or drafts < 1:
         stage.add(
-            "speculative decoding",
+            CheckName.SPECULATIVE_DECODING,
             Verdict.FAIL,
             f"a greedy completion gave {tokens} of {SPEC_MAX_TOKENS} tokens with "
             f"{drafts:.0f} drafts verified ({DRAFTS}_total)",
@@ -90,7 +90,7 @@ def check_speculative(
     proposed = after[DRAFT_TOKENS] - before[DRAFT_TOKENS]
     accepted = after[ACCEPTED_TOKENS] - before[ACCEPTED_TOKENS]
     stage.add(
-        "speculative decoding",
+        CheckName.SPECULATIVE_DECODING,
         Verdict.PASS,
         f"{tokens} tokens; {drafts:.0f} drafts verified, {accepted:.0f} of "
         f"{proposed:.0f} draft tokens accepted",

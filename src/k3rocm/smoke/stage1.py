@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from k3rocm.common.setting_table import KDA_METADATA, KDA_METADATA_PATHS
-from k3rocm.common.smoke_report import Stage
+from k3rocm.common.smoke_report import CheckName, Stage
 from k3rocm.common.states import PatchState, Verdict
 from k3rocm.patchtool import patchset
 from k3rocm.patchtool.series import Series
@@ -31,13 +31,15 @@ def check_metadata_path(stage: Stage) -> str | None:
     try:
         path = KDA_METADATA.read(os.environ)
     except ValueError as err:
-        stage.add("kda metadata path", Verdict.FAIL, str(err))
+        stage.add(CheckName.KDA_METADATA_PATH, Verdict.FAIL, str(err))
         return None
     if path == KDA_METADATA_PATHS[0]:
-        stage.add("kda metadata path", Verdict.PASS, "device: the stall-free path")
+        stage.add(
+            CheckName.KDA_METADATA_PATH, Verdict.PASS, "device: the stall-free path"
+        )
     else:
         stage.add(
-            "kda metadata path",
+            CheckName.KDA_METADATA_PATH,
             Verdict.PASS,
             "legacy: vLLM 0.27.1's own path with its device-to-host stall, as "
             "asked (an A/B run); the checks below still test the series' "
@@ -52,17 +54,17 @@ def check_patch_marker(stage: Stage, series: Series, target: Path) -> bool:
     try:
         state = patchset.inspect(target, series)
     except patchset.Refusal as err:
-        return stage.add("patch marker", Verdict.FAIL, str(err))
+        return stage.add(CheckName.PATCH_MARKER, Verdict.FAIL, str(err))
     if state.state != PatchState.APPLIED:
         return stage.add(
-            "patch marker",
+            CheckName.PATCH_MARKER,
             Verdict.FAIL,
             f"vLLM {state.vllm_version} in {target} is {state.state}: no "
             f"{series.series_id} patch marker; the image was not built by "
             "docker/build-steps.sh, or vLLM was reinstalled over it",
         )
     return stage.add(
-        "patch marker",
+        CheckName.PATCH_MARKER,
         Verdict.PASS,
         f"series {series.series_id} on vLLM {state.vllm_version} in {target}",
     )
@@ -73,7 +75,7 @@ def check_kimi_backend(stage: Stage, path: str = KDA_METADATA_PATHS[0]) -> bool:
 
     if not current_platform.is_rocm():
         return stage.add(
-            "kimi backend",
+            CheckName.KIMI_BACKEND,
             Verdict.SKIP,
             f"platform is {current_platform.device_type or 'unknown'}, not ROCm: "
             f"{BACKEND_NAME} is selected on ROCm only",
@@ -88,13 +90,13 @@ def check_kimi_backend(stage: Stage, path: str = KDA_METADATA_PATHS[0]) -> bool:
     expected = BACKEND_NAME if path == KDA_METADATA_PATHS[0] else LEGACY_BACKEND_NAME
     if name != expected:
         return stage.add(
-            "kimi backend",
+            CheckName.KIMI_BACKEND,
             Verdict.FAIL,
             f"the Kimi KDA layer resolves to {name} on ROCm with "
             f"{KDA_METADATA.env}={path}, not {expected}",
         )
     return stage.add(
-        "kimi backend",
+        CheckName.KIMI_BACKEND,
         Verdict.PASS,
         f"the Kimi KDA layer resolves to {name} ({KDA_METADATA.env}={path})",
     )

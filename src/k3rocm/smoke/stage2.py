@@ -12,7 +12,7 @@ import time
 import urllib.error
 
 from k3rocm.common.metric_names import STEP_DURATION
-from k3rocm.common.smoke_report import Stage
+from k3rocm.common.smoke_report import CheckName, Stage
 from k3rocm.common.states import PREFILL_KINDS, Verdict
 from k3rocm.smoke.chunk_reference import CHUNK_SIZE
 from k3rocm.smoke.http import Http, wait_for_health
@@ -55,13 +55,13 @@ def run_stage2(stage: Stage, settings: Settings) -> None:
     http = Http(settings.base_url, settings.api_key)
     if not wait_for_health(http, settings.load_timeout):
         stage.add(
-            "health",
+            CheckName.HEALTH,
             Verdict.FAIL,
             f"{settings.base_url}/health did not answer 200 within "
             f"{settings.load_timeout:.0f} s (K3_SMOKE_LOAD_TIMEOUT)",
         )
         return
-    stage.add("health", Verdict.PASS, f"{settings.base_url}/health answers 200")
+    stage.add(CheckName.HEALTH, Verdict.PASS, f"{settings.base_url}/health answers 200")
     try:
         model = json.loads(http.get("/v1/models")[1])["data"][0]["id"]
         before = prefill_step_samples(http.get("/metrics")[1])
@@ -75,14 +75,16 @@ def run_stage2(stage: Stage, settings: Settings) -> None:
         )
     except (OSError, urllib.error.URLError, KeyError, ValueError) as err:
         stage.add(
-            "completion", Verdict.FAIL, f"request to {settings.base_url}: {err!r}"
+            CheckName.COMPLETION,
+            Verdict.FAIL,
+            f"request to {settings.base_url}: {err!r}",
         )
         return
     served = answer.get("usage", {}).get("prompt_tokens", 0)
     chunks = -(-served // CHUNK_SIZE)
     if not answer.get("choices") or chunks < PROMPT_CHUNKS:
         stage.add(
-            "completion",
+            CheckName.COMPLETION,
             Verdict.FAIL,
             f"answer with {len(answer.get('choices', []))} choices for a "
             f"{served}-token prompt; wanted a completion over {PROMPT_CHUNKS}+ "
@@ -90,7 +92,7 @@ def run_stage2(stage: Stage, settings: Settings) -> None:
         )
         return
     stage.add(
-        "completion",
+        CheckName.COMPLETION,
         Verdict.PASS,
         f"{model} completed a {prompt_tokens}-token prompt ({chunks} chunks)",
     )
@@ -106,7 +108,7 @@ def check_sampled_requests(stage: Stage, http: Http, model: str, timeout: float)
         events = http.stream("/v1/completions", {**body, "stream": True}, timeout)
     except (OSError, urllib.error.URLError, KeyError, ValueError) as err:
         stage.add(
-            "sampled completion",
+            CheckName.SAMPLED_COMPLETION,
             Verdict.FAIL,
             f"a completion with default sampling failed: {err!r}"[:500],
         )
@@ -114,14 +116,14 @@ def check_sampled_requests(stage: Stage, http: Http, model: str, timeout: float)
     tokens = answer.get("usage", {}).get("completion_tokens", 0)
     if not answer.get("choices") or tokens < 1 or events[-1:] != ["[DONE]"]:
         stage.add(
-            "sampled completion",
+            CheckName.SAMPLED_COMPLETION,
             Verdict.FAIL,
             f"default sampling gave {tokens} tokens; the stream ended with "
             f"{events[-1:]!r} after {len(events)} events, not [DONE]",
         )
         return
     stage.add(
-        "sampled completion",
+        CheckName.SAMPLED_COMPLETION,
         Verdict.PASS,
         f"default sampling: {tokens} tokens; streamed: {len(events) - 1} events "
         "and [DONE]",
@@ -138,7 +140,7 @@ def check_prefill_metrics(stage: Stage, http: Http, before: float) -> None:
         time.sleep(0.5)
     if after <= before:
         stage.add(
-            "prefill metrics",
+            CheckName.PREFILL_METRICS,
             Verdict.FAIL,
             f"/metrics shows no new {STEP_COUNT_METRIC} sample for kind "
             f"{'/'.join(PREFILL_KINDS)} (still {before:.0f}): is the k3rocm "
@@ -146,7 +148,7 @@ def check_prefill_metrics(stage: Stage, http: Http, before: float) -> None:
         )
         return
     stage.add(
-        "prefill metrics",
+        CheckName.PREFILL_METRICS,
         Verdict.PASS,
         f"{after - before:.0f} new prefill step samples on /metrics",
     )

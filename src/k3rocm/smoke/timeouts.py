@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from k3rocm.common.smoke_report import Stage
+from k3rocm.common.smoke_report import CheckName, Stage
 from k3rocm.common.states import Verdict
 
 
@@ -24,14 +24,16 @@ def run_with_timeout(
         try:
             run(stage)
         except Exception as err:  # any crash is a failed check, not a hang
-            stage.add("crashed", Verdict.FAIL, f"{type(err).__name__}: {err}")
+            stage.add(CheckName.CRASHED, Verdict.FAIL, f"{type(err).__name__}: {err}")
 
     worker = threading.Thread(target=body, daemon=True)
     worker.start()
     worker.join(timeout)
     stage.seconds = round(time.monotonic() - started, 2)
     if worker.is_alive():
-        stage.add("timeout", Verdict.FAIL, f"did not finish within {timeout:.0f} s")
+        stage.add(
+            CheckName.TIMEOUT, Verdict.FAIL, f"did not finish within {timeout:.0f} s"
+        )
         stage.status = Verdict.FAIL
         return False
     stage.status = Verdict.FAIL if stage.failed else Verdict.PASS
