@@ -1,78 +1,20 @@
-"""A node's place in a deployment (k3rocm.common.node), the headless health check,
-and the guard's rule that a node of a multi-node job never restarts alone.
-Connections and processes are real: sockets opened here, a process group
-started here."""
+"""The headless node's health check and the guard's rule that a node of a
+multi-node job never restarts alone (a node's place itself:
+tests/common/test_node.py). Connections and processes are real: sockets
+opened here, a process group started here."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import subprocess
 
 import pytest
+from support.node_sockets import NODE1, connection
 
 from k3rocm.common.exit_codes import ExitCode
-from k3rocm.common.node import connected_to, headless_node, node_from_env
+from k3rocm.common.node import node_from_env
 from k3rocm.common.run_files import DRAIN_MARK, READY_MARK, VLLM_GROUP_FILE
 from k3rocm.container.guard import LOST_NODE0_SECONDS, Guard
 from k3rocm.container.health import check_headless
-
-NODE1 = {"K3_PROFILE": "tep16", "K3_NODE_RANK": "1", "K3_MASTER_ADDR": "127.0.0.1"}
-
-
-@contextlib.contextmanager
-def connection(host: str, family: int = socket.AF_INET):
-    """A listening socket and an established connection to it; the port."""
-    with socket.socket(family) as server:
-        server.bind((host, 0))
-        server.listen()
-        port = server.getsockname()[1]
-        with socket.create_connection((host, port)) as client:
-            accepted, _ = server.accept()
-            with accepted:
-                yield port
-            client.close()
-
-
-@pytest.mark.parametrize(
-    "env, multi_node, headless",
-    [
-        ({}, False, False),
-        ({"K3_PROFILE": "cpu-dev"}, False, False),
-        ({**NODE1, "K3_NODE_RANK": "0"}, True, False),
-        (NODE1, True, True),
-        ({**NODE1, "K3_PROFILE": "cpu-dev-2node"}, True, True),
-    ],
-)
-def test_the_node_the_settings_describe(env, multi_node, headless):
-    node = node_from_env(env)
-    assert (node.multi_node, node.headless) == (multi_node, headless)
-    assert (headless_node(env) is not None) == headless
-
-
-@pytest.mark.parametrize(
-    "env",
-    [
-        {"K3_PROFILE": "tep16-ray"},
-        {**NODE1, "K3_NODE_RANK": "one"},
-        {**NODE1, "K3_MASTER_PORT": "9" * 5000},
-    ],
-)
-def test_malformed_settings_are_left_to_the_launcher(env):
-    with pytest.raises(ValueError):
-        node_from_env(env)
-    assert headless_node(env) is None
-
-
-@pytest.mark.parametrize(
-    "host, family", [("127.0.0.1", socket.AF_INET), ("::1", socket.AF_INET6)]
-)
-def test_connected_to_sees_an_established_connection(host, family):
-    with connection(host, family) as port:
-        assert connected_to(host, port)
-        assert not connected_to(host, port + 1 if port < 65535 else port - 1)
-        assert not connected_to("node0.invalid", port)
-    assert not connected_to(host, port)
 
 
 @pytest.fixture

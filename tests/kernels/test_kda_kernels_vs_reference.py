@@ -1,7 +1,8 @@
-"""The float64 KDA reference (src/k3rocm/smoke/kda_reference.py) checked
-against itself, and vLLM 0.27.1's vendored AMD KDA kernels (the patched
-tree's) run in the Triton interpreter checked against it, within the
-reference's derived tolerance.
+"""vLLM 0.27.1's vendored AMD KDA kernels (the patched tree's) run in the
+Triton interpreter, checked against the float64 KDA reference
+(src/k3rocm/smoke/kda_reference.py; its own tests are
+tests/smoke/test_kda_reference.py), within the reference's derived
+tolerance.
 
 Stand-ins, for what cannot exist on a CPU, as in test_chunk_launch.py
 (tests/support/kda_interpreter.py): autotuned kernels limited to their first
@@ -14,7 +15,6 @@ patterns to it; ``b_q * scale`` on a bf16 block fails), which a test below
 pins; the recurrent kernels only load and store bf16 and run with it.
 """
 
-import itertools
 import math
 
 import pytest
@@ -28,6 +28,14 @@ from support.kda_interpreter import (
     interpretable_kernel,
     poison_allocations,
     poisoned,
+)
+from support.kda_reference_cases import (
+    BOUNDS,
+    HEAD_DIM,
+    HEADS,
+    chunk_args,
+    chunk_expected,
+    randn,
 )
 from triton.runtime.errors import InterpreterError
 from vllm.models.kimi_k3.amd.ops.third_party.kda import (
@@ -45,47 +53,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:overflow encountered in exp2"),
 ]
 
-HEADS, HEAD_DIM = 2, 16
-BOUNDS = pytest.mark.parametrize("lower_bound", [-5.0, None], ids=["bound", "no-bound"])
-
-
-def randn(gen, *size, dtype=torch.float32):
-    return torch.randn(*size, generator=gen, dtype=torch.float32).to(dtype)
-
-
-def chunk_args(seq_lens, lower_bound, *, initial=True, dim=HEAD_DIM, seed=0):
-    """chunk_kda_with_fused_gate's arguments as the layer passes them, with
-    the series' metadata (real sequence indices)."""
-    gen = torch.Generator().manual_seed(seed)
-    total = sum(seq_lens)
-    shape = (1, total, HEADS, dim)
-    indices, offsets = reference_chunk_metadata(seq_lens)
-    h0 = randn(gen, len(seq_lens), HEADS, dim, dim) if initial else None
-    return (
-        randn(gen, *shape), randn(gen, *shape), randn(gen, *shape),
-        randn(gen, *shape), randn(gen, 1, total, HEADS), randn(gen, HEADS),
-        randn(gen, HEADS * dim), None, h0, True, lower_bound, True,
-        cu_seqlens_of(seq_lens), indices, offsets,
-    )  # fmt: skip
-
-
-def chunk_expected(args, **perturb):
-    """The reference for ``args`` (with arguments replaced by ``perturb``),
-    and the tolerance for float32 kernels in the interpreter."""
-    names = (
-        "q k v raw_g raw_beta A_log g_bias scale initial_state output_final_state "
-        "lower_bound use_qk_l2norm_in_kernel cu_seqlens chunk_indices chunk_offsets"
-    ).split()
-    kwargs = dict(zip(names, args, strict=True)) | perturb
-    peak = []
-    out, final = ref.chunk_kda_reference(**kwargs, peak=peak)
-    lens = torch.diff(args[12]).tolist()
-    tol = ref.tolerance(
-        torch.float32, "chunk", scale=HEAD_DIM**-0.5, peak=max(peak),
-        max_len=max(lens), truncating=True,
-    )  # fmt: skip
-    return out, final, tol
-
 
 def vendored(args, monkeypatch):
     """vLLM 0.27.1's vendored chunk path in the interpreter, every
@@ -102,146 +69,6 @@ def within(out, final, expected) -> dict:
 
 def passes(excess: dict) -> bool:
     return all(value <= 1.0 for value in excess.values())
-
-
-# ------------------------------------------------- the reference itself
-
-
-@BOUNDS
-@pytest.mark.parametrize("length", [1, 16, 17, 63, 64, 65, 130])
-def test_closed_form_chunks_equal_the_token_loop(length, lower_bound):
-    gen = torch.Generator().manual_seed(length)
-    q, k = (ref.l2norm(randn(gen, length, HEADS, 8)) for _ in range(2))
-    v = randn(gen, length, HEADS, 8)
-    g = ref.kda_gate(randn(gen, length, HEADS, 8), randn(gen, HEADS), None, lower_bound)
-    beta = torch.sigmoid(randn(gen, length, HEADS).double())
-    state = randn(gen, HEADS, 8, 8)
-    loop = ref.kda_sequence(q, k, v, g, beta, state, 0.3)
-    for size in (16, 64):
-        chunked = ref.kda_sequence_chunked(q, k, v, g, beta, state, 0.3, size)
-        for a, b in zip(loop, chunked, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
-    # Not the same by construction: a state read as S[k, v] differs.
-    wrong = ref.kda_sequence_chunked(q, k, v, g, beta, state.mT.contiguous(), 0.3)
-    assert not torch.allclose(wrong[0], loop[0], atol=1e-3)
-
-
-def test_a_sequence_split_in_two_carries_its_state():
-    args = chunk_args([70], -5.0)
-    whole, whole_state, _ = chunk_expected(args)
-    q, k, v, raw_g, raw_beta, A_log, bias, _, h0 = args[:9]
-    cut = 29
-    first, mid = ref.chunk_kda_reference(
-        *(x[:, :cut] for x in (q, k, v, raw_g, raw_beta)), A_log, bias, None, h0,
-        True, -5.0, True,
-    )  # fmt: skip
-    second, end = ref.chunk_kda_reference(
-        *(x[:, cut:] for x in (q, k, v, raw_g, raw_beta)), A_log, bias, None, mid,
-        True, -5.0, True,
-    )  # fmt: skip
-    torch.testing.assert_close(torch.cat([first, second], 1), whole)
-    torch.testing.assert_close(end, whole_state)
-    # And without the carried state, the second half is something else.
-    other, _ = ref.chunk_kda_reference(
-        *(x[:, cut:] for x in (q, k, v, raw_g, raw_beta)), A_log, bias, None, None,
-        True, -5.0, True,
-    )  # fmt: skip
-    assert not torch.allclose(other, second, atol=1e-3)
-
-
-def test_zero_length_sequences_leave_their_state_and_the_others_alone():
-    args = chunk_args([3, 0, 5, 0], None)
-    out, final, _ = chunk_expected(args)
-    h0 = args[8].double()
-    assert torch.equal(final[1], h0[1]) and torch.equal(final[3], h0[3])
-    # The same tokens without the empty sequences: same outputs and states.
-    packed = chunk_expected(
-        args, initial_state=h0[[0, 2]], cu_seqlens=cu_seqlens_of([3, 5])
-    )
-    assert torch.equal(out, packed[0]) and torch.equal(final[[0, 2]], packed[1])
-
-
-def test_gate_against_hand_computed_values():
-    A_log = torch.tensor([math.log(2.0)], dtype=torch.float64)
-    bias = torch.tensor([0.25, -1.0, 0.0, 0.0], dtype=torch.float64)
-    raw = torch.tensor([[0.5, 0.5, 25.0, 19.5]], dtype=torch.float64)  # [H=1, K=4]
-    bounded = ref.kda_gate(raw, A_log, bias, -5.0)[0].tolist()
-    # lower_bound * sigmoid(A * (raw + bias)), A = exp(A_log) = 2
-    sigmoid = [1 / (1 + math.exp(-2 * x)) for x in (0.75, -0.5, 25.0, 19.5)]
-    assert bounded == pytest.approx([-5.0 * s for s in sigmoid], rel=1e-14)
-    free = ref.kda_gate(raw, A_log, bias, None)[0].tolist()
-    # -A * softplus(raw + bias), softplus(x) = x above the threshold 20
-    softplus = [math.log(1 + math.exp(x)) for x in (0.75, -0.5)] + [25.0]
-    softplus.append(math.log(1 + math.exp(19.5)))
-    assert free == pytest.approx([-2.0 * s for s in softplus], rel=1e-14)
-    assert ref.kda_gate(raw, A_log, None, -5.0)[0, 0] == pytest.approx(
-        -5.0 / (1 + math.exp(-1.0)), rel=1e-14
-    )
-
-
-def test_one_token_by_hand():
-    """K = V = 2, one head: decay, delta rule with sigmoid beta, read with
-    the updated state; q and k L2-normalized with eps 1e-6 inside the root."""
-    q = torch.tensor([[[[3.0, 4.0]]]])
-    k = torch.tensor([[[[1.0, 0.0]]]])
-    v = torch.tensor([[[[2.0, -1.0]]]])
-    raw_g = torch.zeros(1, 1, 1, 2)
-    raw_beta = torch.zeros(1, 1, 1)  # beta = sigmoid(0) = 1/2
-    A_log = torch.zeros(1)  # A = 1
-    h0 = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])  # S[v, k]
-    out, final = ref.chunk_kda_reference(
-        q, k, v, raw_g, raw_beta, A_log, None, 1.0, h0, True, -1.0, True
-    )
-    a = math.exp(-1.0 / 2)  # g = -1 * sigmoid(0)
-    S = [[a * 1, a * 2], [a * 3, a * 4]]
-    nk = 1 / math.sqrt(1 + 1e-6)
-    u = [0.5 * (2 - S[0][0] * nk), 0.5 * (-1 - S[1][0] * nk)]
-    S = [[S[0][0] + u[0] * nk, S[0][1]], [S[1][0] + u[1] * nk, S[1][1]]]
-    nq = 1 / math.sqrt(25 + 1e-6)
-    o = [(S[r][0] * 3 + S[r][1] * 4) * nq for r in range(2)]
-    assert out[0, 0, 0].tolist() == pytest.approx(o, rel=1e-12)
-    assert final[0, 0].tolist() == [pytest.approx(row, rel=1e-12) for row in S]
-    zeros = torch.zeros(1, 1, 1, 2)
-    silent, _ = ref.chunk_kda_reference(
-        zeros, zeros, v, raw_g, raw_beta, A_log, None, 1.0, h0, True, -1.0, True
-    )
-    assert torch.equal(silent, torch.zeros_like(silent))  # eps: no NaN
-
-
-def test_mixed_batch_is_decodes_then_prefills():
-    gen = torch.Generator().manual_seed(3)
-    lens = [1, 1, 1, 4, 7]
-    T, D = sum(lens), 8
-    q, k, v, raw_g = (randn(gen, 1, T, HEADS, D) for _ in range(4))
-    raw_beta, A_log, bias = (
-        randn(gen, 1, T, HEADS),
-        randn(gen, HEADS),
-        randn(gen, HEADS * D),
-    )
-    pool = randn(gen, 8, HEADS, D, D)
-    slots = torch.tensor([3, 0, 5, 2, 6])
-    has_initial = torch.tensor([True, True, True, False, True])
-    out, after = ref.mixed_batch_reference(
-        q, k, v, raw_g, raw_beta, A_log, bias, -5.0, pool, slots, has_initial,
-        cu_seqlens_of(lens), 3,
-    )  # fmt: skip
-    expected = pool.double().clone()
-    starts = cu_seqlens_of(lens).tolist()
-    for n, (bos, eos) in enumerate(itertools.pairwise(starts)):
-        slot = int(slots[n])
-        if n < 3 and slot <= 0:  # padded decode: 0 out, slot untouched
-            assert torch.equal(out[0, bos], torch.zeros_like(out[0, bos]))
-            continue
-        state = pool[slot] if has_initial[n] else None
-        o, S = ref.kda_sequence(
-            ref.l2norm(q[0, bos:eos]), ref.l2norm(k[0, bos:eos]), v[0, bos:eos],
-            ref.kda_gate(raw_g[0, bos:eos], A_log, bias, -5.0),
-            torch.sigmoid(raw_beta[0, bos:eos].double()), state, D**-0.5,
-        )  # fmt: skip
-        torch.testing.assert_close(out[0, bos:eos], o, rtol=1e-12, atol=1e-12)
-        expected[slot] = S
-    torch.testing.assert_close(after, expected, rtol=1e-12, atol=1e-12)
-    assert torch.equal(after[0], pool[0].double())  # slot 0 never written
 
 
 # ---------------------------------------- vendored chunk path vs reference
