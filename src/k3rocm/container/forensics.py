@@ -254,9 +254,7 @@ def grant_ptrace(binary: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args != ["grant-ptrace"]:
-        print(
-            "usage: python -m k3rocm.container.forensics grant-ptrace", file=sys.stderr
-        )
+        log("usage: python -m k3rocm.container.forensics grant-ptrace")
         return 2
     binary = py_spy()
     if binary is None:

@@ -8,16 +8,19 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from k3rocm.common.exit_codes import ExitCode
+from k3rocm.common.line_log import line_logger
 from k3rocm.launcher.command import build_launch, dry_run_text
 from k3rocm.launcher.preflight import check
+
+log = line_logger("serve-kimi-k3")
 
 
 def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     settings, api_key, problems = check(argv, environ)
     if problems:
         for problem in problems:
-            _print_error(f"serve-kimi-k3: error: {problem}")
-        _print_error("serve-kimi-k3: nothing started.")
+            log(f"error: {problem}")
+        log("nothing started.")
         return ExitCode.SETTINGS
     launch = build_launch(settings, environ, api_key)
     if settings.dry_run:
@@ -31,20 +34,12 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         # vLLM itself.
         os.execvpe(argv_out[0], argv_out, launch.exec_env(environ))
     except (OSError, ValueError) as error:
-        _print_error(
-            f"serve-kimi-k3: error: cannot start {argv_out[0]!r} ({error}); install "
+        log(
+            f"error: cannot start {argv_out[0]!r} ({error}); install "
             "vLLM there or set K3_VLLM_COMMAND (--vllm-command) to the command "
             "that runs `vllm serve`."
         )
         return ExitCode.NOT_FOUND
-
-
-def _print_error(line: str) -> None:
-    """A message on stderr, whatever it quotes: characters the stream cannot
-    encode (undecodable bytes of a path) are shown escaped."""
-    encoding = getattr(sys.stderr, "encoding", None) or "utf-8"
-    line = line.encode(encoding, "backslashreplace").decode(encoding)
-    print(line, file=sys.stderr)
 
 
 def _write_script(text: str) -> None:

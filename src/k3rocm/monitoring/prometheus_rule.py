@@ -14,7 +14,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from k3rocm.common.line_log import line_logger
 from k3rocm.monitoring.alerts import RULE_FILES, render_rules
+
+log = line_logger("k3rocm.monitoring.prometheus_rule")
 
 API_VERSION = "monitoring.coreos.com/v1"
 KIND = "PrometheusRule"
@@ -78,14 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             current = args.check.read_text()
         except OSError as err:
-            print(f"{args.check}: {err}", file=sys.stderr)
+            log(f"{args.check}: {err}")
             return 1
         if current != text:
-            print(
-                f"{args.check} differs from what k3rocm.monitoring.prometheus_rule "
-                f"generates; regenerate: python -m k3rocm.monitoring.prometheus_rule "
-                f"--output {args.check}",
-                file=sys.stderr,
+            log(
+                f"{args.check} differs from what it generates; regenerate: "
+                f"python -m k3rocm.monitoring.prometheus_rule --output {args.check}"
             )
             return 1
         return 0

@@ -24,6 +24,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from k3rocm.common.line_log import line_logger
+
+log = line_logger("k3rocm.patchtool.patchgen")
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -116,10 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     out_of_date = stale(args.repo)
     if args.check:
         for name in out_of_date:
-            print(
-                f"patches/{name} is out of date with its source; run: k3rocm patchgen",
-                file=sys.stderr,
-            )
+            log(f"patches/{name} is out of date with its source; run: k3rocm patchgen")
         return 1 if out_of_date else 0
     for p in GENERATED:
         if p.patch in out_of_date:

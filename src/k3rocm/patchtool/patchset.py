@@ -24,6 +24,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from k3rocm.common.line_log import line_logger
 from k3rocm.common.states import PatchState
 from k3rocm.patchtool import unified_diff
 from k3rocm.patchtool.journal import locked_and_recovered, pending_journal, write_files
@@ -318,10 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def say_waiting(lock: Path) -> None:
-        print(
-            f"k3rocm.patchtool.patchset: waiting for another run on this tree ({lock})",
-            file=sys.stderr,
-            flush=True,
+        line_logger("k3rocm.patchtool.patchset")(
+            f"waiting for another run on this tree ({lock})"
         )
 
     try:

@@ -37,6 +37,7 @@ from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from k3rocm.common.line_log import line_logger
 from k3rocm.patchtool.lock import Refusal
 from k3rocm.patchtool.patchset import find_installed_target, read_vllm_version
 from k3rocm.patchtool.series import Series, SeriesError, default_series_dir
@@ -663,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         unlisted_patches(triage, series)
     except TriageError as err:
-        print(f"triage: {err}", file=sys.stderr)
+        line_logger("triage")(str(err))
         return EXIT_USAGE
     print(render(steps, triage))
     unlisted = unlisted_patches(triage, series)
