@@ -94,6 +94,13 @@ COMMANDS = (
         "Regenerate the patches whose source lives in this package.",
     ),
     Command(
+        "pins",
+        "k3rocm.supply_chain.pins",
+        DEVELOPER,
+        "Write (--write) or check (--check) every copy of the image tag, series "
+        "id and base image from the series.",
+    ),
+    Command(
         "triage",
         "k3rocm.patchtool.triage",
         DEVELOPER,
