@@ -69,7 +69,9 @@ def test_every_copy_of_the_tag_and_series_id_is_a_pin():
 
 
 def test_a_new_revision_is_written_everywhere(tmp_path):
-    repo = pinned_copy(tmp_path, 'revision = "k3.7"', 'revision = "k3.99"')
+    repo = pinned_copy(
+        tmp_path, f'revision = "{SERIES.revision}"', 'revision = "k3.99"'
+    )
     series = Series(repo / "patches")
     stale = stale_pins(series, repo)
     assert stale and all(s.found is not None for s in stale)
@@ -79,7 +81,7 @@ def test_a_new_revision_is_written_everywhere(tmp_path):
     assert main(["--check", "--repo", str(repo)]) == 1
     assert main(["--write", "--repo", str(repo)]) == 0
     assert stale_pins(series, repo) == []
-    new_tag = TAG.replace("k3.7", "k3.99")
+    new_tag = TAG.replace(SERIES.revision, "k3.99")
     for path in PINNED_FILES:
         text = (repo / path).read_text()
         assert TAG not in text and SERIES.series_id not in text, path
@@ -98,7 +100,8 @@ def test_a_new_vllm_version_moves_the_base_image_and_names_the_lock(tmp_path, ca
     dockerfile = (repo / "docker/Dockerfile").read_text()
     assert "ARG BASE_IMAGE=vllm/vllm-openai-rocm:v0.32.0\n" in dockerfile
     assert "ARG K3_VLLM_VERSION=0.32.0\n" in dockerfile
-    assert "kimi-k3-rocm:0.32.0-rocm7.2-k3.7" in (repo / "compose.yaml").read_text()
+    new_tag = TAG.replace(SERIES.vllm_version, "0.32.0")
+    assert f"kimi-k3-rocm:{new_tag}" in (repo / "compose.yaml").read_text()
     # The lock's hashes are a resolver's to write: named, left alone.
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("k3rocm.supply_chain.pins: requirements/standin.txt:")

@@ -7,7 +7,6 @@ import runpy
 import sys
 
 from k3rocm.cli.commands import BY_NAME, COMMANDS
-from k3rocm.common.line_log import line_logger
 
 
 def usage() -> str:
@@ -24,7 +23,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else 2
     command = BY_NAME.get(args[0])
     if command is None:
-        line_logger("k3rocm")(f"no command {args[0]!r}; `k3rocm --help` lists them")
+        # A print, not common.line_log: the command imports no wing's module.
+        print(
+            f"k3rocm: no command {args[0]!r}; `k3rocm --help` lists them",
+            file=sys.stderr,
+        )
         return 2
     sys.argv = [f"k3rocm {command.name}", *command.leading, *args[1:]]
     try:
