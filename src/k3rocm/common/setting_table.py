@@ -38,6 +38,7 @@ from k3rocm.common.setting_kinds import (
     Whole,
 )
 from k3rocm.common.states import FailurePolicy
+from k3rocm.common.vllm_release import TARGET_VERSION
 
 
 def _launcher(name: str, default: Default, meaning: str, **rest) -> Setting:
@@ -315,7 +316,7 @@ KDA_METADATA = _container(
     "kda_metadata",
     KDA_METADATA_PATHS[0],
     "`device`: the series' stall-free prefill path (KDA chunk metadata built "
-    "on the GPU). `legacy`: vLLM 0.27.1's own metadata path, stall included "
+    f"on the GPU). `legacy`: vLLM {TARGET_VERSION}'s own metadata path, stall included "
     "(with the series' correctness fixes), to compare one image against "
     'itself (see "Check it on your hardware").',
     kind=OneOf(KDA_METADATA_PATHS),

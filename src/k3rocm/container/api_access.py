@@ -11,7 +11,8 @@ route vLLM adds in a later release needs the key too.
 
 - ``OPEN_PATHS`` answer without the key: the container's health check, load
   balancers and Prometheus use them, and neither runs the model.
-- ``ADMIN_PATHS`` (vLLM 0.27.1's admin, scaling and documentation routes)
+- ``ADMIN_PATHS`` (the target vLLM's admin, scaling and documentation routes,
+  k3rocm.common.vllm_release)
   answer 404 unless ``K3_API_ADMIN_ROUTES`` is on, key or not; with it on
   they need the key like every other route.
 - OPTIONS requests pass (CORS preflights; vLLM's own check skips them too).
@@ -30,33 +31,11 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from k3rocm.common.setting_table import API_ADMIN_ROUTES
+from k3rocm.common.vllm_release import TARGET
 
 KEY_ENV = "VLLM_API_KEY"
-OPEN_PATHS = frozenset({"/health", "/metrics"})
-ADMIN_PATHS = frozenset(
-    {
-        # elastic expert-parallel scaling (an admin action, and its state)
-        "/scale_elastic_ep",
-        "/is_scaling_elastic_ep",
-        # the server's load counter
-        "/load",
-        # the API's documentation (a map of every route)
-        "/docs",
-        "/docs/oauth2-redirect",
-        "/redoc",
-        "/openapi.json",
-        # vLLM's development routes (VLLM_SERVER_DEV_MODE=1)
-        "/server_info",
-        "/reset_prefix_cache",
-        "/reset_mm_cache",
-        "/sleep",
-        "/wake_up",
-        "/is_sleeping",
-        "/collective_rpc",
-        "/start_profile",
-        "/stop_profile",
-    }
-)
+OPEN_PATHS = TARGET.open_paths
+ADMIN_PATHS = TARGET.admin_paths
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

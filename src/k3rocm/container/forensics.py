@@ -34,6 +34,7 @@ from pathlib import Path
 
 from k3rocm.common.line_log import line_logger
 from k3rocm.common.run_files import STACK_SIGNAL, stack_handler_file
+from k3rocm.common.vllm_release import TARGET
 
 log = line_logger("k3rocm.container.forensics")
 
@@ -91,13 +92,13 @@ def _title(entry: Path) -> str | None:
         first = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode()
     except (OSError, UnicodeDecodeError):
         return None
-    return first.split()[0] if first.startswith("VLLM::") else None
+    return first.split()[0] if first.startswith(TARGET.process_title_prefix) else None
 
 
 def _role(name: str) -> str:
-    if name.startswith("VLLM::EngineCore"):
+    if name.startswith(TARGET.engine_core_title):
         return "engine core"
-    if name.startswith("VLLM::Worker"):
+    if name.startswith(TARGET.worker_title):
         return "worker"
     return "vLLM process"
 

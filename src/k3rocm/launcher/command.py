@@ -16,6 +16,7 @@ from k3rocm.common.profiles import (
     Profile,
 )
 from k3rocm.common.setting_table import KDA_METADATA
+from k3rocm.common.vllm_release import TARGET
 from k3rocm.launcher.metrics_flags import vllm_metrics_args
 from k3rocm.launcher.settings import LaunchSettings
 
@@ -98,8 +99,6 @@ def _serves_api(settings: LaunchSettings) -> bool:
 
 
 QUIET_ENDPOINTS = "/health,/metrics"
-# vLLM 0.27.1 spellings of --api-server-count (it also reads _ for -).
-API_SERVER_COUNT_FLAGS = ("--api-server-count", "--api_server_count", "-asc")
 
 
 def _single_api_server(settings: LaunchSettings) -> bool:
@@ -129,7 +128,7 @@ def _api_server_count(args: tuple[str, ...]) -> str | None:
     count = None
     for index, arg in enumerate(args):
         flag, has_value, value = arg.partition("=")
-        if flag not in API_SERVER_COUNT_FLAGS:
+        if flag not in TARGET.api_server_count_flags:
             continue
         if has_value:
             count = value

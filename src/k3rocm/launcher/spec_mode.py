@@ -12,6 +12,7 @@ refused, in any spelling vLLM's parser reads.
 
 from __future__ import annotations
 
+from k3rocm.common.vllm_release import TARGET
 from k3rocm.launcher.messages import label
 from k3rocm.launcher.owned_flags import last_values
 from k3rocm.launcher.settings import LaunchSettings
@@ -29,7 +30,7 @@ def spec_mode_problems(settings: LaunchSettings) -> list[str]:
     return [
         f"{label('extra_args')} sets a compilation config (--compilation-config) "
         f"while {label('features')} has dspark, which sets cudagraph_mode PIECEWISE: "
-        "with FULL CUDA graphs vLLM 0.27.1 leaves the KDA state of a prompt of "
-        "exactly 1 + num_speculative_tokens tokens unwritten (vLLM #49918); "
+        f"with FULL CUDA graphs vLLM {TARGET.version} leaves the KDA state of a "
+        "prompt of exactly 1 + num_speculative_tokens tokens unwritten (vLLM #49918); "
         "remove the compilation config from the extra arguments, or turn dspark off."
     ]

@@ -10,7 +10,9 @@ from pathlib import Path
 from k3rocm.common.setting_table import KDA_METADATA, KDA_METADATA_PATHS
 from k3rocm.common.smoke_report import CheckName, Stage
 from k3rocm.common.states import PatchState, Verdict
-from k3rocm.patchtool import patchset
+from k3rocm.common.vllm_release import TARGET
+from k3rocm.patchtool import patching
+from k3rocm.patchtool.lock import Refusal
 from k3rocm.patchtool.series import Series
 from k3rocm.smoke.kda_numerics import check_kda_numerics
 from k3rocm.smoke.kda_spec_numerics import check_kda_spec_numerics
@@ -21,8 +23,6 @@ from k3rocm.smoke.kernel_checks import (
 )
 
 BACKEND_NAME = "KIMI_K3_KDA_ROCM"
-# What the layer resolves to with K3_KDA_METADATA=legacy: vLLM 0.27.1's own.
-LEGACY_BACKEND_NAME = "GDN_ATTN"
 
 
 def check_metadata_path(stage: Stage) -> str | None:
@@ -41,8 +41,8 @@ def check_metadata_path(stage: Stage) -> str | None:
         stage.add(
             CheckName.KDA_METADATA_PATH,
             Verdict.PASS,
-            "legacy: vLLM 0.27.1's own path with its device-to-host stall, as "
-            "asked (an A/B run); the checks below still test the series' "
+            f"legacy: vLLM {TARGET.version}'s own path with its device-to-host "
+            "stall, as asked (an A/B run); the checks below still test the series' "
             "builder, which this server does not use, so a differing "
             "no-device-sync verdict is expected",
         )
@@ -52,8 +52,8 @@ def check_metadata_path(stage: Stage) -> str | None:
 def check_patch_marker(stage: Stage, series: Series, target: Path) -> bool:
     """The vLLM tree in ``target`` carries exactly this series."""
     try:
-        state = patchset.inspect(target, series)
-    except patchset.Refusal as err:
+        state = patching.inspect(target, series)
+    except Refusal as err:
         return stage.add(CheckName.PATCH_MARKER, Verdict.FAIL, str(err))
     if state.state != PatchState.APPLIED:
         return stage.add(
@@ -87,7 +87,9 @@ def check_kimi_backend(stage: Stage, path: str = KDA_METADATA_PATHS[0]) -> bool:
     # get_attn_backend reads nothing from the layer on ROCm; a bare instance
     # (no weights, no config) asks the real method the real question.
     name = Layer.get_attn_backend(Layer.__new__(Layer)).get_name()
-    expected = BACKEND_NAME if path == KDA_METADATA_PATHS[0] else LEGACY_BACKEND_NAME
+    expected = (
+        BACKEND_NAME if path == KDA_METADATA_PATHS[0] else TARGET.legacy_kda_backend
+    )
     if name != expected:
         return stage.add(
             CheckName.KIMI_BACKEND,
@@ -108,7 +110,7 @@ def run_stage1(
     """``speculative``: the server speculates (``dspark``); the KDA kernels'
     spec step is checked too."""
     # The vLLM this interpreter imports, as vLLM itself will.
-    if not check_patch_marker(stage, series, patchset.find_installed_target()):
+    if not check_patch_marker(stage, series, patching.find_installed_target()):
         return  # without the series, the other checks have nothing to check
     path = check_metadata_path(stage)
     if path is None:
