@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
-# The runs docs/benchmarks-log.md reports up to series k3.6 (k3.7's:
-# gpu_k37.sh), in one call on the lent GPU, from
-# the repository root with .gpu/ carried (made here by gpu_bundle.py):
+# Every GPU run of docs/benchmarks.md, by scenario, on the lent GPU from the
+# repository root with .gpu/ carried (made here by gpu_bundle.py); results
+# under $OUT (default /tmp/k3-gpu). A comparison with a past series revision
+# reads that revision from git (gpu_bundle.py), not from a script of its own.
 #
-#     bash benchmarks/gpu_run.sh     # results under $OUT (default /tmp/k3-gpu)
-#
-# $OUT/all.json gathers the machine, the versions and every script's JSON.
+#     bash benchmarks/gpu_run.sh [all]     # the proof and the figures: gpu_check,
+#                                          # compiles, bench, kda_launch, ablation,
+#                                          # the metadata smoke checks; $OUT/all.json
+#     bash benchmarks/gpu_run.sh reference-peel  # gpu_reference.py, then gpu_peel.py
+#     bash benchmarks/gpu_run.sh peel      # gpu_peel.py alone (host timings want a
+#                                          # quiet machine)
+#     bash benchmarks/gpu_run.sh reference # gpu_reference.py with the smoke check's
+#                                          # cold compile beside it, then its
+#                                          # warm-cache timings; K3_PER_CALL=1: then
+#                                          # gpu_peel.py's per-call times
+#     bash benchmarks/gpu_run.sh heads     # gpu_reference.py at 6, 12 and 96 heads
+#                                          # side by side (correctness only), then
+#                                          # gpu_peel.py at 12 heads against 0.27.1's
+#                                          # layer, then gpu_spec.py; each under a
+#                                          # time limit
 set -uo pipefail
 export OUT=${OUT:-/tmp/k3-gpu} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
-cd benchmarks
+cd benchmarks || exit 2
 status=0
+started=$SECONDS
 run() {
     local name=$1
     shift
@@ -22,47 +36,78 @@ run() {
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader
 nproc
-run check python3 gpu_check.py >"$OUT/check.out"
-cat "$OUT/check.out"
-run compiles python3 gpu_compiles.py
-run bench python3 gpu_bench.py
-run kda_launch python3 gpu_kda_launch.py
-run ablation python3 gpu_ablation.py
-run smoke python3 -c "
+
+scenario_all() {
+    run check python3 gpu_check.py >"$OUT/check.out"
+    cat "$OUT/check.out"
+    run compiles python3 gpu_compiles.py
+    run bench python3 gpu_bench.py
+    run kda_launch python3 gpu_kda_launch.py
+    run ablation python3 gpu_ablation.py
+    run smoke python3 -c "
 from kda_harness import load_tree; load_tree('patched')
 from k3rocm import smoke
 from vllm.models.kimi_k3.amd.kda_metadata import prepare_chunk_metadata_device as build
 from vllm.third_party.flash_linear_attention.ops.index import prepare_chunk_indices
 print(smoke.compare_with_reference(build, 'cuda'))
 print(smoke.sync_check(build, lambda cu, _c: prepare_chunk_indices(cu, smoke.CHUNK_SIZE)))"
-python3 - <<'PY'
-import json, os, platform, subprocess
-from pathlib import Path
-
-out = Path(os.environ["OUT"])
-import numpy, torch, triton
-
-def load(name):
-    path = out / name
-    return json.loads(path.read_text()) if path.is_file() else None
-
-check = (out / "check.out").read_text() if (out / "check.out").is_file() else ""
-gpu = subprocess.run(
-    ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-    capture_output=True, text=True,
-).stdout.strip()
-report = {
-    "machine": {"gpu": gpu, "cpus": os.cpu_count(), "python": platform.python_version(),
-                "torch": torch.__version__, "triton": triton.__version__,
-                "numpy": numpy.__version__},
-    "command": "bash benchmarks/gpu_run.sh",
-    "gpu_check": json.loads(check[check.index("{"):check.rindex("}") + 1]) if "{" in check else check,
-    "gpu_compiles": load("compiles.json"),
-    "gpu_bench": load("bench.json"),
-    "gpu_ablation": load("ablation.json"),
-    "gpu_kda_launch": load("kda_launch.json"),
+    python3 gpu_report.py "$OUT"
 }
-(out / "all.json").write_text(json.dumps(report, indent=1))
-(out / "pristine_kda.pt").unlink(missing_ok=True)
-PY
+
+scenario_reference() {
+    # The smoke check's own Triton cache, empty: its first run is a cold start.
+    local smoke_cache cold mode
+    smoke_cache=$(mktemp -d)
+    TRITON_CACHE_DIR=$smoke_cache python3 gpu_smoke_time.py cold &
+    cold=$!
+    run reference python3 gpu_reference.py
+    wait "$cold" || { echo "!! smoke cold exited $?"; status=1; }
+    for mode in warm-uncached "warm 1"; do
+        # shellcheck disable=SC2086  # "warm 1": mode and label
+        run "smoke $mode" env TRITON_CACHE_DIR="$smoke_cache" python3 gpu_smoke_time.py $mode
+    done
+    run "smoke profile" env TRITON_CACHE_DIR="$smoke_cache" K3_SMOKE_PROFILE=1 \
+        python3 gpu_smoke_time.py warm profile
+    if [ -n "${K3_PER_CALL:-}" ]; then
+        # Host time per layer call again, on a quiet machine (the kernels are
+        # in Triton's cache by now).
+        run per-call env K3_PEEL_ONLY=per_call python3 gpu_peel.py
+    fi
+}
+
+scenario_heads() {
+    local heads job
+    for heads in 6 12 96; do
+        mkdir -p "$OUT/heads-$heads"
+        K3_HEADS=$heads OUT=$OUT/heads-$heads K3_REF_SECONDS=${K3_REF_SECONDS:-30} \
+            timeout "${K3_REF_LIMIT:-180}" python3 gpu_reference.py \
+            >"/tmp/reference-$heads.log" 2>&1 &
+    done
+    for job in $(jobs -p); do
+        wait "$job" || { echo "!! a reference run exited $?"; status=1; }
+    done
+    for heads in 6 12 96; do
+        echo "== reference at $heads heads"
+        tail -n 40 "/tmp/reference-$heads.log" # here: $OUT keeps 8 files at most
+    done
+    run peel env K3_PEEL_BEFORE=0.27.1 timeout "${K3_PEEL_LIMIT:-260}" python3 gpu_peel.py
+    run spec timeout "${K3_SPEC_LIMIT:-150}" python3 gpu_spec.py
+}
+
+scenario=${1:-all}
+case $scenario in
+all) scenario_all ;;
+reference-peel)
+    run reference python3 gpu_reference.py
+    run peel python3 gpu_peel.py
+    ;;
+peel) run peel python3 gpu_peel.py ;;
+reference) scenario_reference ;;
+heads) scenario_heads ;;
+*)
+    echo "usage: gpu_run.sh [all|reference-peel|peel|reference|heads]" >&2
+    exit 2
+    ;;
+esac
+echo "== $scenario: $((SECONDS - started)) s"
 exit $status
