@@ -22,14 +22,14 @@ on the lent GPU, issue 28 item 2 (H200 part), in one process:
      device metadata for the whole batch;
    each against the reference (decode rows and states: the recurrent
    tolerance; prefill rows and states, and every row on the unfixed paths:
-   the chunk tolerance; kda_reference.tolerance with the batch's peak);
+   the chunk tolerance; kda_tolerance.tolerance with the batch's peak);
 2. full 4,096-token batches through chunk KDA with recompute_w_u_fwd_kernel
    forced to num_warps=4, num_stages=4 (the configuration #50649 calls racy
    on gfx950), against the reference.
 
 The reference (reference_chunked.batch_reference) steps all sequences of a
 batch through their 64-token chunks at once on the GPU in float64, from
-kda_reference's own pieces (l2norm, kda_gate, kda_step) and the closed form
+kda_recurrence's own pieces (l2norm, kda_gate, kda_step) and the closed form
 of a chunk; it is checked against kda_reference.mixed_batch_reference (the
 token loop) on the first small batches and against the token loop run in
 lockstep on the GPU (token_lockstep_reference, the k3.6 harness's
@@ -69,6 +69,7 @@ from vllm.models.kimi_k3.amd.ops.third_party.kda import (  # noqa: E402
     kda_chunk_launch,
 )
 
+from k3rocm.smoke import kda_recurrence, kda_tolerance  # noqa: E402
 from k3rocm.smoke import kda_reference as ref  # noqa: E402
 
 DEV = os.environ.get("K3_REF_DEVICE", "cuda")
@@ -180,14 +181,14 @@ def chunked_reference(x) -> dict:
 def token_lockstep_reference(x) -> dict:
     """mixed_batch_reference's results (o [1, T, H, V] and the pool after
     the step, float64) with every sequence of the batch stepped in lockstep
-    through kda_reference.kda_step; also the peak (largest state row norm
+    through kda_recurrence.kda_step; also the peak (largest state row norm
     and |v|) and the longest prefill."""
     cu = x["cu_cpu"].tolist()
     lens = [b - a for a, b in itertools.pairwise(cu)]
-    q = ref.l2norm(x["q"][0])
-    k = ref.l2norm(x["k"][0])
+    q = kda_recurrence.l2norm(x["q"][0])
+    k = kda_recurrence.l2norm(x["k"][0])
     v = x["v"][0].to(F64)
-    gate = ref.kda_gate(x["raw_g"][0], x["A_log"], x["dt_bias"], LOWER_BOUND)
+    gate = kda_recurrence.kda_gate(x["raw_g"][0], x["A_log"], x["dt_bias"], LOWER_BOUND)
     beta = torch.sigmoid(x["raw_beta"][0].to(F64))
     pool = x["pool"].to(F64)
     slots = x["slots"].long()
@@ -226,7 +227,7 @@ def token_lockstep_reference(x) -> dict:
                 a -= 1
                 finals[a] = S[a]
             S = S[:a]
-            o, new = ref.kda_step(
+            o, new = kda_recurrence.kda_step(
                 S.reshape(a * H, K, K),
                 qb[i, :a].reshape(a * H, K),
                 kb[i, :a].reshape(a * H, K),
@@ -414,7 +415,7 @@ def judge(name, x, lock, out, pool) -> dict:
     split = int(x["cu_cpu"][d])
     slots = x["slots"].long()
     scale = K**-0.5
-    chunk_tol = ref.tolerance(
+    chunk_tol = kda_tolerance.tolerance(
         torch.bfloat16,
         "chunk",
         scale=scale,
@@ -424,7 +425,7 @@ def judge(name, x, lock, out, pool) -> dict:
     decode_tol = (
         chunk_tol
         if name.startswith("unfixed")
-        else ref.tolerance(
+        else kda_tolerance.tolerance(
             torch.bfloat16, "recurrent", scale=scale, peak=lock["peak"], max_len=1
         )
     )
@@ -439,7 +440,7 @@ def judge(name, x, lock, out, pool) -> dict:
         o = out[0, rows]
         if not o.shape[0] and not len(part_slots):
             continue
-        e = ref.excess(
+        e = kda_tolerance.excess(
             o, lock["out"][0, rows], tol, pool[part_slots], lock["pool"][part_slots]
         )
         result[part] = {

@@ -16,11 +16,11 @@ count (kda_harness.HEADS_PER_RANK: 12 at TP8), with the kernel files of
    series' device chunk metadata), decode-only steps through
    fused_recurrent_kda_packed_decode. The caching allocator is poisoned
    with NaN bytes before each step. Each step against the float64
-   reference computed on the device (spec part: kda_reference's kda_step
+   reference computed on the device (spec part: kda_recurrence's kda_step
    over the block table, vectorized over requests, checked against
    kda_spec_reference.spec_step_reference on the first small steps;
    non-spec chunk part: reference_chunked.batch_reference): outputs and
-   every written state slot, in units of kda_reference.tolerance
+   every written state slot, in units of kda_tolerance.tolerance
    (recurrent tolerance for spec and decode rows, chunk tolerance for the
    chunk part); counts of steps over tolerance and not finite.
 2. "compiles": Triton binaries (device_caches of every JIT function of the
@@ -70,7 +70,7 @@ from vllm.models.kimi_k3.amd.ops.third_party.kda import (  # noqa: E402
     fused_recurrent,
 )
 
-from k3rocm.smoke import kda_reference as ref  # noqa: E402
+from k3rocm.smoke import kda_recurrence, kda_tolerance  # noqa: E402
 from k3rocm.smoke.kda_spec_reference import SpecStep, spec_step_reference  # noqa: E402
 
 H = HEADS_PER_RANK
@@ -194,10 +194,12 @@ def spec_reference(x, lens, accepted, table, pool, rows0=0):
     n = len(lens)
     total = sum(lens)
     sl = slice(rows0, rows0 + total)
-    q = ref.l2norm(x["q"][0, sl])
-    k = ref.l2norm(x["k"][0, sl])
+    q = kda_recurrence.l2norm(x["q"][0, sl])
+    k = kda_recurrence.l2norm(x["k"][0, sl])
     v = x["v"][0, sl].to(F64)
-    gate = ref.kda_gate(x["raw_g"][0, sl], x["A_log"], x["dt_bias"], LOWER_BOUND)
+    gate = kda_recurrence.kda_gate(
+        x["raw_g"][0, sl], x["A_log"], x["dt_bias"], LOWER_BOUND
+    )
     beta = torch.sigmoid(x["raw_beta"][0, sl].to(F64))
     table = table.long()
     acc = torch.tensor(accepted, device=DEV).long()
@@ -211,7 +213,7 @@ def spec_reference(x, lens, accepted, table, pool, rows0=0):
         active = lens_t > i
         rows = starts + torch.clamp(lens_t - 1, max=i).clamp(min=0)
         rows = torch.where(active, starts + i, rows)
-        o, new = ref.kda_step(
+        o, new = kda_recurrence.kda_step(
             S.reshape(n * H, K, K),
             q[rows].reshape(n * H, K),
             k[rows].reshape(n * H, K),
@@ -370,14 +372,16 @@ def run_kernels(x, s):
 def judge(x, s, r, out, pool) -> dict:
     n_spec = len(s["spec"])
     t_spec = sum(s["spec"]) if n_spec else x["q"].shape[1]
-    tol_rec = ref.tolerance(
+    tol_rec = kda_tolerance.tolerance(
         DT, "recurrent", scale=SCALE, peak=max(r["peak_spec"], 1e-30),
         max_len=W,
     )  # fmt: skip
     table = x["table"].long()
     spec_slots = table[:n_spec].reshape(-1) if n_spec else table[:, 0]
-    e = ref.excess(out[:t_spec], r["out"][:t_spec], tol_rec, pool[spec_slots],
-                   r["pool"][spec_slots])  # fmt: skip
+    e = kda_tolerance.excess(
+        out[:t_spec], r["out"][:t_spec], tol_rec, pool[spec_slots],
+        r["pool"][spec_slots],
+    )  # fmt: skip
     result = {
         "finite": bool(out.isfinite().all()) and bool(pool.isfinite().all()),
         "spec_out": e["out"],
@@ -387,13 +391,15 @@ def judge(x, s, r, out, pool) -> dict:
         ),
     }
     if n_spec and t_spec < out.shape[0]:
-        tol_chunk = ref.tolerance(
+        tol_chunk = kda_tolerance.tolerance(
             DT, "chunk", scale=SCALE, peak=max(r["peak_ns"], 1e-30),
             max_len=r["longest"],
         )  # fmt: skip
         ns_slots = table[n_spec:, 0]
-        e = ref.excess(out[t_spec:], r["out"][t_spec:], tol_chunk, pool[ns_slots],
-                       r["pool"][ns_slots])  # fmt: skip
+        e = kda_tolerance.excess(
+            out[t_spec:], r["out"][t_spec:], tol_chunk, pool[ns_slots],
+            r["pool"][ns_slots],
+        )  # fmt: skip
         result["ns_out"], result["ns_state"] = e["out"], e["state"]
     # slots no request writes must be untouched
     written = torch.zeros(pool.shape[0], dtype=torch.bool, device=DEV)

@@ -9,11 +9,11 @@ a chunk of C tokens the state after token i is
     S_i = S_0 * exp(G_i) + sum_{j <= i} outer(u_j, k_j * exp(G_i - G_j))
 
 (``G_i`` the running sum of the log decays, per key channel), and the
-deltas ``u`` solve a unit lower-triangular system (kda_reference's
+deltas ``u`` solve a unit lower-triangular system (kda_recurrence's
 ``kda_sequence_chunked`` derives it). Every S_i is formed, so the outputs
 (``S_i @ (scale * q_i)``) and the peak (the largest state row norm and |v|
 met, which sizes the tolerance) are those of the token loop. Sequences of
-one token take kda_reference's own ``kda_step``; longer ones are stepped
+one token take kda_recurrence's own ``kda_step``; longer ones are stepped
 through their chunks in lockstep, each chunk padded with tokens that
 change nothing (no decay, zero key, value and beta). Pure PyTorch, any
 device; tests/benchmarks/test_reference_chunked.py checks it against the token loop
@@ -22,7 +22,7 @@ on the CPU.
 
 import torch
 
-from k3rocm.smoke import kda_reference as ref
+from k3rocm.smoke import kda_recurrence
 
 F64 = torch.float64
 
@@ -36,7 +36,7 @@ def _take(x: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Ten
 
 def batch_reference(
     q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, pool, slots, has_init,
-    lens: list[int], decodes: int, chunk: int = ref.CHUNK_SIZE,
+    lens: list[int], decodes: int, chunk: int = kda_recurrence.CHUNK_SIZE,
 ) -> dict:  # fmt: skip
     """(``out`` [1, T, H, V] and ``pool`` after the step, float64; ``peak``;
     ``longest_prefill``) for a batch of sequences of ``lens`` tokens in
@@ -47,9 +47,9 @@ def batch_reference(
     _, T, H, K = q.shape
     V = v.shape[-1]
     scale = K**-0.5
-    qn, kn = ref.l2norm(q[0]), ref.l2norm(k[0])
+    qn, kn = kda_recurrence.l2norm(q[0]), kda_recurrence.l2norm(k[0])
     v64 = v[0].to(F64)
-    gate = ref.kda_gate(raw_g[0], A_log, dt_bias, lower_bound)
+    gate = kda_recurrence.kda_gate(raw_g[0], A_log, dt_bias, lower_bound)
     beta = torch.sigmoid(raw_beta[0].to(F64))
     pool64 = pool.to(F64)
     slots = slots.long()
@@ -67,7 +67,7 @@ def batch_reference(
         rows = torch.tensor([starts[n] for n in ones], device=device)
         index = torch.tensor(ones, device=device)
         a = len(ones)
-        o, new = ref.kda_step(
+        o, new = kda_recurrence.kda_step(
             initial[index].reshape(a * H, V, K), qn[rows].reshape(a * H, K),
             kn[rows].reshape(a * H, K), v64[rows].reshape(a * H, V),
             gate[rows].reshape(a * H, K), beta[rows].reshape(a * H), scale,

@@ -2,7 +2,7 @@
 Triton interpreter, checked against the float64 KDA reference
 (src/k3rocm/smoke/kda_reference.py; its own tests are
 tests/smoke/test_kda_reference.py), within the reference's derived
-tolerance.
+tolerance (src/k3rocm/smoke/kda_tolerance.py).
 
 Stand-ins, for what cannot exist on a CPU, as in test_chunk_launch.py
 (tests/support/kda_interpreter.py): autotuned kernels limited to their first
@@ -44,6 +44,7 @@ from vllm.models.kimi_k3.amd.ops.third_party.kda import (
 )
 
 from k3rocm.smoke import kda_reference as ref
+from k3rocm.smoke import kda_tolerance
 from k3rocm.smoke.chunk_reference import cu_seqlens_of, reference_chunk_metadata
 
 pytestmark = [
@@ -64,7 +65,7 @@ def vendored(args, monkeypatch):
 
 def within(out, final, expected) -> dict:
     out_ref, final_ref, tol = expected
-    return ref.excess(out, out_ref, tol, final, final_ref)
+    return kda_tolerance.excess(out, out_ref, tol, final, final_ref)
 
 
 def passes(excess: dict) -> bool:
@@ -197,7 +198,7 @@ def test_a_perturbed_reference_fails_the_kernel(chunk_runs):
     lost[:8] = args[:8]
     lost[8] = torch.cat([h0, torch.zeros(1, *h0.shape[1:])])
     lost_out, _, _ = chunk_expected(tuple(lost))
-    excess = ref.excess(out, lost_out, chunk_expected(args)[2])
+    excess = kda_tolerance.excess(out, lost_out, chunk_expected(args)[2])
     assert excess["out"] > 1
     nan_out = out.clone()
     nan_out[0, 70, 1, 3] = math.nan
@@ -234,7 +235,7 @@ def recurrent_expected(kwargs, dtype):
     peak = []
     out, pool = ref.recurrent_kda_reference(**kwargs, peak=peak)
     lens = torch.diff(kwargs["cu_seqlens"]).tolist()
-    tol = ref.tolerance(
+    tol = kda_tolerance.tolerance(
         dtype, "recurrent", scale=kwargs["q"].shape[-1] ** -0.5, peak=max(peak),
         max_len=max(lens), truncating=True,
     )  # fmt: skip
@@ -262,7 +263,7 @@ def test_recurrent_kernel_matches_the_reference(
     out, returned = recurrent.fused_recurrent_kda(**(kwargs | {"initial_state": pool}))
     assert returned is pool  # updated in place
     expected = recurrent_expected(kwargs, dtype)
-    excess = ref.excess(out, expected[0], expected[2], pool, expected[1])
+    excess = kda_tolerance.excess(out, expected[0], expected[2], pool, expected[1])
     assert passes(excess), excess
     written = ~torch.isnan(expected[0]).any(-1)
     assert torch.isfinite(out[written]).all()
@@ -274,7 +275,7 @@ def test_recurrent_kernel_matches_the_reference(
     # Perturbed: the pool read as S[k, v] fails.
     transposed = kwargs | {"initial_state": kwargs["initial_state"].mT.contiguous()}
     t_out, t_pool, _ = recurrent_expected(transposed, dtype)
-    assert not passes(ref.excess(out, t_out, expected[2], pool, t_pool.mT))
+    assert not passes(kda_tolerance.excess(out, t_out, expected[2], pool, t_pool.mT))
 
 
 @BOUNDS
@@ -293,10 +294,10 @@ def test_packed_decode_kernel_matches_the_reference(
         state_indices=kwargs["ssm_state_indices"],
     )  # fmt: skip
     expected = recurrent_expected(kwargs, torch.bfloat16)
-    excess = ref.excess(out, expected[0], expected[2], pool, expected[1])
+    excess = kda_tolerance.excess(out, expected[0], expected[2], pool, expected[1])
     assert passes(excess), excess
     wrong = recurrent_expected(kwargs | {"lower_bound": -4.0}, torch.bfloat16)
-    assert not passes(ref.excess(out, wrong[0], expected[2], pool, wrong[1]))
+    assert not passes(kda_tolerance.excess(out, wrong[0], expected[2], pool, wrong[1]))
 
 
 # ---------------------------------- a mixed batch, decodes peeled (#50649)
@@ -348,12 +349,12 @@ def test_mixed_batch_through_both_kernels_matches_the_reference(
         q, k, v, raw_g, raw_beta, A_log, bias, -5.0, pool, slots, has_initial,
         cu_seqlens_of(lens), decodes, peak=peak,
     )  # fmt: skip
-    tol = ref.tolerance(
+    tol = kda_tolerance.tolerance(
         torch.float32, "chunk", scale=HEAD_DIM**-0.5, peak=max(peak),
         max_len=max(lens), truncating=True,
     )  # fmt: skip
-    excess = ref.excess(out, expected_out, tol, state, expected_pool)
+    excess = kda_tolerance.excess(out, expected_out, tol, state, expected_pool)
     assert passes(excess), excess
     # Decodes in the wrong order (prefills first) is caught.
     swapped = torch.cat([prefill_out, decode_out], 1)
-    assert not passes(ref.excess(swapped, expected_out, tol))
+    assert not passes(kda_tolerance.excess(swapped, expected_out, tol))

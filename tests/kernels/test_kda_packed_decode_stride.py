@@ -19,6 +19,7 @@ from support.kda_interpreter import interpretable_kernel, poison_allocations
 from support.vllm_trees import installed_root
 
 from k3rocm.smoke import kda_reference as ref
+from k3rocm.smoke import kda_tolerance
 from k3rocm.smoke.chunk_reference import cu_seqlens_of
 
 HEADS, DIM, SLOTS = 2, 16, 12
@@ -77,7 +78,7 @@ def packed_decode(module, step, pool):
 def expected(step):
     peak = []
     out, pool = ref.recurrent_kda_reference(**step, peak=peak)
-    tol = ref.tolerance(
+    tol = kda_tolerance.tolerance(
         torch.bfloat16, "recurrent", scale=DIM**-0.5, peak=max(peak), max_len=1,
         truncating=True,
     )  # fmt: skip
@@ -93,7 +94,7 @@ def test_strided_state_indices_match_the_reference(monkeypatch, lower_bound):
     pool = step["initial_state"].clone()
     out, _ = packed_decode(recurrent, step, pool)
     want_out, want_pool, tol = expected(step)
-    excess = ref.excess(out, want_out, tol, pool, want_pool)
+    excess = kda_tolerance.excess(out, want_out, tol, pool, want_pool)
     assert max(excess.values()) <= 1.0, excess
     assert not out[0, [1, 3]].any()  # slot 0 and padding: zeros
     # The other columns' slots are untouched: nothing read them as column 0.
@@ -104,7 +105,7 @@ def test_strided_state_indices_match_the_reference(monkeypatch, lower_bound):
     table = step["ssm_state_indices"].as_strided((5 * (1 + NUM_SPEC_BLOCKS),), (1,))
     wrong = {**step, "ssm_state_indices": table[:5].clone()}
     bad_out, bad_pool = ref.recurrent_kda_reference(**wrong)
-    assert max(ref.excess(out, bad_out, tol, pool, bad_pool).values()) > 1.0
+    assert max(kda_tolerance.excess(out, bad_out, tol, pool, bad_pool).values()) > 1.0
 
 
 def test_vllm_0_27_1_refuses_the_strided_column():

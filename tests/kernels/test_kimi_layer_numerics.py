@@ -41,6 +41,7 @@ from vllm.models.kimi_k3.amd.kda_metadata import KimiK3ROCmKDAMetadataBuilder
 from vllm.platforms import current_platform
 
 from k3rocm.smoke import kda_reference as ref
+from k3rocm.smoke import kda_tolerance
 from k3rocm.smoke.chunk_reference import reference_chunk_metadata
 
 SLOTS = 64
@@ -140,7 +141,7 @@ def expected_step(layer, metadata, inputs, pool):
         layer.gate_lower_bound, pool, metadata.non_spec_state_indices_tensor,
         has_initial, cu, metadata.num_decodes, peak=peak,
     )  # fmt: skip
-    tol = ref.tolerance(
+    tol = kda_tolerance.tolerance(
         torch.float32, "chunk", scale=HEAD_DIM**-0.5, peak=max(peak),
         max_len=max(lengths(cu)), truncating=True,
     )  # fmt: skip
@@ -148,7 +149,7 @@ def expected_step(layer, metadata, inputs, pool):
 
 
 def check(out, after, expected) -> dict:
-    return ref.excess(out, expected[0], expected[2], after, expected[1])
+    return kda_tolerance.excess(out, expected[0], expected[2], after, expected[1])
 
 
 @pytest.mark.filterwarnings("ignore:tl.make_block_ptr is deprecated")

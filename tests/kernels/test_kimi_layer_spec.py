@@ -42,6 +42,7 @@ from vllm.models.kimi_k3.amd.kda_metadata import KimiK3ROCmKDAMetadataBuilder
 from vllm.platforms import current_platform
 
 from k3rocm.smoke import kda_reference as ref
+from k3rocm.smoke import kda_tolerance
 from k3rocm.smoke.kda_spec_reference import spec_step_reference, step_of
 
 pytestmark = pytest.mark.filterwarnings("ignore:tl.make_block_ptr is deprecated")
@@ -105,7 +106,7 @@ def expected_step(target, metadata, inputs, pool):
     path = "chunk" if metadata.num_prefills else "recurrent"
     cu = metadata.non_spec_query_start_loc
     longest = max([K1] + ([] if cu is None else (cu[1:] - cu[:-1]).tolist()))
-    tol = ref.tolerance(
+    tol = kda_tolerance.tolerance(
         torch.float32, path, scale=HEAD_DIM**-0.5, peak=max(peak),
         max_len=longest, truncating=True,
     )  # fmt: skip
@@ -116,7 +117,9 @@ def run_and_check(layer, vllm_config, metadata, seed=3):
     inputs, out, before, after = run_step(layer, vllm_config, metadata, seed)
     tokens = int(metadata.num_actual_tokens)
     expected = expected_step(layer, metadata, inputs, before)
-    excess = ref.excess(out[:, :tokens], expected[0], expected[2], after, expected[1])
+    excess = kda_tolerance.excess(
+        out[:, :tokens], expected[0], expected[2], after, expected[1]
+    )
     return excess, out[:, :tokens], (inputs, before, after, expected)
 
 
@@ -150,13 +153,15 @@ def test_spec_steps_match_the_reference(
     ones = torch.ones_like(metadata.num_accepted_tokens)
     start_at_0 = dataclasses.replace(metadata, num_accepted_tokens=ones)
     planted = expected_step(layer, start_at_0, inputs, before)
-    assert not passes(ref.excess(out, planted[0], planted[2]))
+    assert not passes(kda_tolerance.excess(out, planted[0], planted[2]))
     swapped = metadata.spec_state_indices_tensor.clone()
     swapped[:, [0, 1]] = swapped[:, [1, 0]]
     wrong_slots = dataclasses.replace(metadata, spec_state_indices_tensor=swapped)
     _, out, _, after = run_step(layer, vllm_config, wrong_slots, seed=3)
     tokens = int(metadata.num_actual_tokens)
-    excess = ref.excess(out[:, :tokens], expected[0], expected[2], after, expected[1])
+    excess = kda_tolerance.excess(
+        out[:, :tokens], expected[0], expected[2], after, expected[1]
+    )
     assert not passes(excess)
 
 
@@ -191,11 +196,11 @@ def test_strided_decode_column_under_speculation(
         layer.gate_lower_bound, before, metadata.non_spec_query_start_loc, indices,
         peak=peak,
     )  # fmt: skip
-    tol = ref.tolerance(
+    tol = kda_tolerance.tolerance(
         torch.float32, "recurrent", scale=HEAD_DIM**-0.5, peak=max(peak),
         max_len=1, truncating=True,
     )  # fmt: skip
-    assert passes(ref.excess(out[:, :3], want, tol, after, pool))
+    assert passes(kda_tolerance.excess(out[:, :3], want, tol, after, pool))
 
 
 @pytest.mark.xfail(

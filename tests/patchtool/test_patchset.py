@@ -213,7 +213,8 @@ def test_tree_without_vllm_gets_no_lock_file(tmp_path):
 def test_inspect_refuses_a_tree_with_an_unfinished_journal(pristine):
     """Readers that take no lock (smoke test, metrics) must not trust a tree
     an interrupted apply left behind; apply then finishes it."""
-    from k3rocm.patchtool import patchset
+    from k3rocm.patchtool.lock import Refusal
+    from k3rocm.patchtool.patching import inspect
 
     journal = pristine / ".k3rocm-patch-journal" / "journal.json"
     for step in range(1, 100):  # the first fault point past the journal's record
@@ -224,12 +225,12 @@ def test_inspect_refuses_a_tree_with_an_unfinished_journal(pristine):
         if journal.is_file():
             break
     assert journal.is_file()
-    with pytest.raises(patchset.Refusal, match="was interrupted"):
-        patchset.inspect(pristine, SERIES)
+    with pytest.raises(Refusal, match="was interrupted"):
+        inspect(pristine, SERIES)
     result = run_patchset("apply", "--target", str(pristine))
     assert result.returncode == 0, result.stderr
     assert "finished an interrupted apply" in result.stdout
-    assert patchset.inspect(pristine, SERIES).state == "applied"
+    assert inspect(pristine, SERIES).state == "applied"
 
 
 @pytest.mark.parametrize("command", ["apply", "check"])

@@ -19,11 +19,26 @@ from pathlib import Path
 import pytest
 from support.vllm_trees import CACHE, REPO, UPSTREAM_TREE, installed_root
 
-from k3rocm.patchtool import triage as tr
 from k3rocm.patchtool.series import Series
+from k3rocm.patchtool.triage import render
+from k3rocm.patchtool.triage_file import (
+    DECISIONS,
+    KINDS,
+    TRIAGE_NAME,
+    Entry,
+    Release,
+    Triage,
+    TriageError,
+    load_triage,
+    shipped_triage,
+    unlisted_patches,
+)
+from k3rocm.patchtool.triage_steps import triage_chain
+from k3rocm.patchtool.triage_trees import read_directory, read_wheel
+from k3rocm.patchtool.triage_units import module_units
 
 SERIES = Series(REPO / "patches")
-TRIAGE_FILE = REPO / "patches" / tr.TRIAGE_NAME
+TRIAGE_FILE = REPO / "patches" / TRIAGE_NAME
 NEWEST_TREE = CACHE / "vllm-newest"
 PREVIOUS_TREE = CACHE / "vllm-previous"
 ARTIFACTS = SERIES.manifest["artifacts"]
@@ -33,8 +48,8 @@ INDEX = "vllm/third_party/flash_linear_attention/ops/index.py"
 
 
 @pytest.fixture(scope="module")
-def triage() -> tr.Triage:
-    return tr.shipped_triage(SERIES)
+def triage() -> Triage:
+    return shipped_triage(SERIES)
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +59,9 @@ def trees(triage):
             f"{tree} is missing: run scripts/fetch-vllm-artifacts (./scripts/test does)"
         )
     return (
-        tr.read_directory(installed_root(), triage),
-        tr.read_directory(UPSTREAM_TREE, triage),
-        tr.read_directory(NEWEST_TREE, triage),
+        read_directory(installed_root(), triage),
+        read_directory(UPSTREAM_TREE, triage),
+        read_directory(NEWEST_TREE, triage),
     )
 
 
@@ -59,10 +74,10 @@ def run(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def small_tree(dest: Path, source: Path, triage: tr.Triage) -> Path:
+def small_tree(dest: Path, source: Path, triage: Triage) -> Path:
     """The watched files of ``source`` (plus vllm/__init__.py and
     _version.py), enough for the command."""
-    for path in [*tr.read_directory(source, triage).files, "vllm/__init__.py"]:
+    for path in [*read_directory(source, triage).files, "vllm/__init__.py"]:
         (dest / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source / path, dest / path)
     shutil.copy2(source / "vllm" / "_version.py", dest / "vllm" / "_version.py")
@@ -76,12 +91,12 @@ def test_the_pinned_releases_change_nothing_the_triage_does_not_cover(triage, tr
         "0.28.0",
         triage.through,
     )
-    steps = tr.triage_chain(base, [newest, upstream], triage)
+    steps = triage_chain(base, [newest, upstream], triage)
     assert [(s.old.version, s.new.version) for s in steps] == [
         ("0.27.1", "0.28.0"),
         ("0.28.0", "0.34.0"),
     ]
-    report = tr.render(steps, triage)
+    report = render(steps, triage)
     assert [s.uncovered for s in steps] == [[], []], report
     # 0.27.1 -> 0.28.0 is one release: every name of its entries changed there.
     assert steps[0].spans == 1 and steps[0].failing_stale == [], report
@@ -97,14 +112,14 @@ def test_the_newest_release_is_decided_unit_by_unit(triage, trees):
     assert (PREVIOUS_TREE / "vllm" / "__init__.py").is_file(), (
         f"{PREVIOUS_TREE} is missing: run scripts/fetch-vllm-artifacts"
     )
-    previous = tr.read_directory(PREVIOUS_TREE, triage)
-    (step,) = tr.triage_chain(previous, [trees[2]], triage)
+    previous = read_directory(PREVIOUS_TREE, triage)
+    (step,) = triage_chain(previous, [trees[2]], triage)
     assert (step.old.version, step.new.version, step.spans) == (
         "0.33.0",
         triage.through,
         1,
     )
-    report = tr.render([step], triage)
+    report = render([step], triage)
     assert step.uncovered == [], report
     assert step.failing_stale == [], report
     covering = {e.release for entries in step.covering.values() for e in entries}
@@ -119,7 +134,7 @@ def test_the_command_passes_on_the_pinned_releases():
 
 
 def test_the_pinned_wheel_reads_as_its_unpacked_tree(triage, trees):
-    wheel = tr.read_wheel(NEWEST_WHEEL, triage)
+    wheel = read_wheel(NEWEST_WHEEL, triage)
     assert wheel.note == "sha256 verified"
     assert wheel.version == "0.34.0"
     assert wheel.files == trees[2].files
@@ -129,7 +144,7 @@ def test_the_triage_pins_the_releases_the_tests_fetch(triage):
     for name in ("vllm-upstream", "vllm-previous", "vllm-newest"):
         spec = ARTIFACTS[name]
         version = spec["requirement"].removeprefix("vllm==")
-        assert triage.releases[version] == tr.Release(
+        assert triage.releases[version] == Release(
             version, spec["file"], spec["sha256"]
         )
     assert ARTIFACTS["vllm-newest"]["requirement"] == f"vllm=={triage.through}"
@@ -141,8 +156,8 @@ def test_a_wheel_with_other_bytes_than_pinned_is_refused(tmp_path, triage):
     fake = tmp_path / triage.releases["0.33.0"].file
     with zipfile.ZipFile(fake, "w") as archive:
         archive.writestr("vllm/_version.py", "__version__ = version = '0.33.0'\n")
-    with pytest.raises(tr.TriageError, match="refusing it"):
-        tr.read_wheel(fake, triage)
+    with pytest.raises(TriageError, match="refusing it"):
+        read_wheel(fake, triage)
     result = run(str(fake))
     assert result.returncode == 2
     assert "refusing it" in result.stderr and "Traceback" not in result.stderr
@@ -152,8 +167,8 @@ def test_every_entry_is_decided_with_a_known_kind(triage):
     raw = tomllib.loads(TRIAGE_FILE.read_text())["entry"]
     assert len(raw) == len(triage.entries)
     for entry in triage.entries:
-        assert entry.kind in tr.KINDS
-        assert entry.decision in tr.DECISIONS
+        assert entry.kind in KINDS
+        assert entry.decision in DECISIONS
         assert entry.changes
         if entry.decision == "backported":
             assert entry.identified and entry.patches
@@ -162,7 +177,7 @@ def test_every_entry_is_decided_with_a_known_kind(triage):
 
 
 def test_backports_name_patches_of_the_series(triage):
-    assert tr.unlisted_patches(triage, SERIES) == []
+    assert unlisted_patches(triage, SERIES) == []
     backports = triage.backports()
     assert {e.pull_request for entries in backports.values() for e in entries} == {
         "vllm-project/vllm#51862",
@@ -172,12 +187,12 @@ def test_backports_name_patches_of_the_series(triage):
         "vllm-project/vllm#51682",
         "vllm-project/vllm#55404",
     }
-    copy = tr.Triage(
+    copy = Triage(
         **{
             **triage.__dict__,
             "entries": (
                 *triage.entries,
-                tr.Entry(
+                Entry(
                     "vllm-project/vllm#1",
                     "t",
                     "0.29.0",
@@ -190,9 +205,7 @@ def test_backports_name_patches_of_the_series(triage):
             ),
         }
     )
-    assert tr.unlisted_patches(copy, SERIES) == [
-        "vllm-project/vllm#1: 0099-missing.patch"
-    ]
+    assert unlisted_patches(copy, SERIES) == ["vllm-project/vllm#1: 0099-missing.patch"]
 
 
 def test_a_planted_change_is_reported_uncovered(tmp_path, triage):
@@ -277,8 +290,8 @@ def test_a_malformed_triage_file_gets_a_clear_error(tmp_path, case):
         text = text.replace(old, new, 1)
     bad = tmp_path / "triage.toml"
     bad.write_text(text)
-    with pytest.raises(tr.TriageError, match=re.escape(message)):
-        tr.load_triage(bad, SERIES)
+    with pytest.raises(TriageError, match=re.escape(message)):
+        load_triage(bad, SERIES)
     result = run("--triage", str(bad), str(UPSTREAM_TREE))
     assert result.returncode == 2
     assert result.stderr.startswith("triage: ") and "Traceback" not in result.stderr
@@ -291,8 +304,8 @@ def test_a_not_carried_entry_without_a_reason_is_refused(tmp_path):
     )
     bad = tmp_path / "triage.toml"
     bad.write_text(text)
-    with pytest.raises(tr.TriageError, match="says why in 'reason'"):
-        tr.load_triage(bad, SERIES)
+    with pytest.raises(TriageError, match="says why in 'reason'"):
+        load_triage(bad, SERIES)
 
 
 @pytest.mark.parametrize(
@@ -320,14 +333,14 @@ def test_units_are_functions_methods_class_bodies_and_assignments():
         '"""doc"""\nimport os\nX = 1\n\n\nclass A(B):\n    y = 2\n\n'
         "    def f(self):\n        return 1\n\n\ndef g():\n    return 2\n"
     )
-    units = tr.module_units(source)
+    units = module_units(source)
     assert sorted(units) == ["<module>", "A", "A.f", "X", "g"]
     docstring_only = source.replace("return 2", '"""new doc"""\n    return 2')
-    changed = tr.module_units(docstring_only)
+    changed = module_units(docstring_only)
     assert {n for n in units if units[n].digest != changed[n].digest} == set()
     body = source.replace("return 2", "return 3")
     assert {
-        n for n, u in tr.module_units(body).items() if u.digest != units[n].digest
+        n for n, u in module_units(body).items() if u.digest != units[n].digest
     } == {"g"}
-    with pytest.raises(tr.TriageError, match="not valid Python"):
-        tr.module_units("def (:\n", "x.py")
+    with pytest.raises(TriageError, match="not valid Python"):
+        module_units("def (:\n", "x.py")

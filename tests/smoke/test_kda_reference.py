@@ -1,6 +1,7 @@
-"""The float64 KDA reference (src/k3rocm/smoke/kda_reference.py) checked
-against itself: the closed-form chunks against the token loop, a split
-sequence's carried state, empty sequences, the gate and one token by hand,
+"""The float64 KDA reference (src/k3rocm/smoke/kda_reference.py, on the
+recurrence of src/k3rocm/smoke/kda_recurrence.py) checked against itself:
+the closed-form chunks against the token loop, a split sequence's carried
+state, empty sequences, the gate and one token by hand,
 and a mixed batch's order (decodes, then prefills). The kernels are checked
 against it in tests/kernels/test_kda_kernels_vs_reference.py."""
 
@@ -19,24 +20,30 @@ from support.kda_reference_cases import (
 
 from k3rocm.smoke import kda_reference as ref
 from k3rocm.smoke.chunk_reference import cu_seqlens_of
+from k3rocm.smoke.kda_recurrence import (
+    kda_gate,
+    kda_sequence,
+    kda_sequence_chunked,
+    l2norm,
+)
 
 
 @BOUNDS
 @pytest.mark.parametrize("length", [1, 16, 17, 63, 64, 65, 130])
 def test_closed_form_chunks_equal_the_token_loop(length, lower_bound):
     gen = torch.Generator().manual_seed(length)
-    q, k = (ref.l2norm(randn(gen, length, HEADS, 8)) for _ in range(2))
+    q, k = (l2norm(randn(gen, length, HEADS, 8)) for _ in range(2))
     v = randn(gen, length, HEADS, 8)
-    g = ref.kda_gate(randn(gen, length, HEADS, 8), randn(gen, HEADS), None, lower_bound)
+    g = kda_gate(randn(gen, length, HEADS, 8), randn(gen, HEADS), None, lower_bound)
     beta = torch.sigmoid(randn(gen, length, HEADS).double())
     state = randn(gen, HEADS, 8, 8)
-    loop = ref.kda_sequence(q, k, v, g, beta, state, 0.3)
+    loop = kda_sequence(q, k, v, g, beta, state, 0.3)
     for size in (16, 64):
-        chunked = ref.kda_sequence_chunked(q, k, v, g, beta, state, 0.3, size)
+        chunked = kda_sequence_chunked(q, k, v, g, beta, state, 0.3, size)
         for a, b in zip(loop, chunked, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     # Not the same by construction: a state read as S[k, v] differs.
-    wrong = ref.kda_sequence_chunked(q, k, v, g, beta, state.mT.contiguous(), 0.3)
+    wrong = kda_sequence_chunked(q, k, v, g, beta, state.mT.contiguous(), 0.3)
     assert not torch.allclose(wrong[0], loop[0], atol=1e-3)
 
 
@@ -79,16 +86,16 @@ def test_gate_against_hand_computed_values():
     A_log = torch.tensor([math.log(2.0)], dtype=torch.float64)
     bias = torch.tensor([0.25, -1.0, 0.0, 0.0], dtype=torch.float64)
     raw = torch.tensor([[0.5, 0.5, 25.0, 19.5]], dtype=torch.float64)  # [H=1, K=4]
-    bounded = ref.kda_gate(raw, A_log, bias, -5.0)[0].tolist()
+    bounded = kda_gate(raw, A_log, bias, -5.0)[0].tolist()
     # lower_bound * sigmoid(A * (raw + bias)), A = exp(A_log) = 2
     sigmoid = [1 / (1 + math.exp(-2 * x)) for x in (0.75, -0.5, 25.0, 19.5)]
     assert bounded == pytest.approx([-5.0 * s for s in sigmoid], rel=1e-14)
-    free = ref.kda_gate(raw, A_log, bias, None)[0].tolist()
+    free = kda_gate(raw, A_log, bias, None)[0].tolist()
     # -A * softplus(raw + bias), softplus(x) = x above the threshold 20
     softplus = [math.log(1 + math.exp(x)) for x in (0.75, -0.5)] + [25.0]
     softplus.append(math.log(1 + math.exp(19.5)))
     assert free == pytest.approx([-2.0 * s for s in softplus], rel=1e-14)
-    assert ref.kda_gate(raw, A_log, None, -5.0)[0, 0] == pytest.approx(
+    assert kda_gate(raw, A_log, None, -5.0)[0, 0] == pytest.approx(
         -5.0 / (1 + math.exp(-1.0)), rel=1e-14
     )
 
@@ -147,9 +154,9 @@ def test_mixed_batch_is_decodes_then_prefills():
             assert torch.equal(out[0, bos], torch.zeros_like(out[0, bos]))
             continue
         state = pool[slot] if has_initial[n] else None
-        o, S = ref.kda_sequence(
-            ref.l2norm(q[0, bos:eos]), ref.l2norm(k[0, bos:eos]), v[0, bos:eos],
-            ref.kda_gate(raw_g[0, bos:eos], A_log, bias, -5.0),
+        o, S = kda_sequence(
+            l2norm(q[0, bos:eos]), l2norm(k[0, bos:eos]), v[0, bos:eos],
+            kda_gate(raw_g[0, bos:eos], A_log, bias, -5.0),
             torch.sigmoid(raw_beta[0, bos:eos].double()), state, D**-0.5,
         )  # fmt: skip
         torch.testing.assert_close(out[0, bos:eos], o, rtol=1e-12, atol=1e-12)

@@ -17,7 +17,7 @@ from cyclonedx.validation.json import JsonStrictValidator
 from support.vllm_trees import REPO
 
 from k3rocm.patchtool.series import Series
-from k3rocm.patchtool.triage import TriageError
+from k3rocm.patchtool.triage_file import TriageError
 from k3rocm.supply_chain import sbom
 
 SERIES = Series(REPO / "patches")

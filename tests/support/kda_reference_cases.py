@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from k3rocm.smoke import kda_reference as ref
+from k3rocm.smoke import kda_tolerance
 from k3rocm.smoke.chunk_reference import cu_seqlens_of, reference_chunk_metadata
 
 HEADS, HEAD_DIM = 2, 16
@@ -46,7 +47,7 @@ def chunk_expected(args, **perturb):
     peak = []
     out, final = ref.chunk_kda_reference(**kwargs, peak=peak)
     lens = torch.diff(args[12]).tolist()
-    tol = ref.tolerance(
+    tol = kda_tolerance.tolerance(
         torch.float32, "chunk", scale=HEAD_DIM**-0.5, peak=max(peak),
         max_len=max(lens), truncating=True,
     )  # fmt: skip

@@ -267,7 +267,7 @@ STATUS_PORT = _container(
     "Port of the container's own start-up metrics (k3rocm.container.status); "
     "Prometheus scrapes it on the server's service name.",
     kind=Whole(1, 65535),
-    readers=("container.status", "monitoring.alerts", "monitoring.dashboard"),
+    readers=("container.status", "monitoring.alerts", "monitoring.dashboard_rows"),
 )
 STATUS_HOST = _container(
     "status_host",

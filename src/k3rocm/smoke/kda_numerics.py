@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from k3rocm.common.smoke_report import CheckName, Stage
 from k3rocm.common.states import Verdict
 from k3rocm.smoke import kda_reference as ref
+from k3rocm.smoke import kda_tolerance
 from k3rocm.smoke.chunk_reference import cu_seqlens_of
 
 DECODES = 3
@@ -152,7 +153,7 @@ def expected_step(x: dict, device: str) -> tuple:
         cpu["has_initial"], cpu["cu"], DECODES, peak=peak,
     )  # fmt: skip
     shape = SHAPES[device]
-    tol = ref.tolerance(
+    tol = kda_tolerance.tolerance(
         getattr(torch, shape.dtype_name), "chunk", scale=shape.head_dim**-0.5,
         peak=max(peak), max_len=max(x["lens"]), truncating=shape.truncating,
     )  # fmt: skip
@@ -165,7 +166,7 @@ def worst_excess(x: dict, results: list[tuple], device: str) -> float:
     want_out, want_pool, tol = expected_step(x, device)
     worst = 0.0
     for out, pool in results:
-        excess = ref.excess(out.cpu(), want_out, tol, pool.cpu(), want_pool)
+        excess = kda_tolerance.excess(out.cpu(), want_out, tol, pool.cpu(), want_pool)
         worst = max(worst, *excess.values())
     return worst
 

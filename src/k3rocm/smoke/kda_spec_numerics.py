@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from k3rocm.common.smoke_report import CheckName, Stage
 from k3rocm.smoke import kda_reference as ref
+from k3rocm.smoke import kda_tolerance
 from k3rocm.smoke.chunk_reference import cu_seqlens_of
 from k3rocm.smoke.kda_numerics import (
     INTERPRETER_HEADS,
@@ -128,7 +129,7 @@ def expected_step(x: dict, device: str) -> tuple:
         ssm_state_indices=cpu["plain_table"][:, 0], peak=peak,
     )  # fmt: skip
     shape = SHAPES[device]
-    tol = ref.tolerance(
+    tol = kda_tolerance.tolerance(
         getattr(torch, shape.dtype_name), "recurrent", scale=shape.head_dim**-0.5,
         peak=max(peak), max_len=max(SPEC_LENS), truncating=shape.truncating,
     )  # fmt: skip
@@ -149,7 +150,9 @@ def measure(device: str, heads: int = INTERPRETER_HEADS) -> float:
         with interpretable(kda_kernels(LOWER_BOUND)):
             out, pool = run_step(x)
     want_out, want_pool, tol = expected_step(x, device)
-    return max(ref.excess(out.cpu(), want_out, tol, pool.cpu(), want_pool).values())
+    return max(
+        kda_tolerance.excess(out.cpu(), want_out, tol, pool.cpu(), want_pool).values()
+    )
 
 
 def check_kda_spec_numerics(

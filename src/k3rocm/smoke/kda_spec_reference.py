@@ -27,11 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from k3rocm.smoke.kda_reference import (
-    F64,
-    mixed_batch_reference,
-    recurrent_kda_reference,
-)
+from k3rocm.smoke.kda_recurrence import F64
+from k3rocm.smoke.kda_reference import mixed_batch_reference, recurrent_kda_reference
 
 
 @dataclass(frozen=True)

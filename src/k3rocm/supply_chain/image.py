@@ -24,7 +24,8 @@ from pathlib import Path
 
 from k3rocm.common.line_log import line_logger
 from k3rocm.common.states import PatchState
-from k3rocm.patchtool import patchset
+from k3rocm.patchtool import patching
+from k3rocm.patchtool.lock import Refusal
 from k3rocm.patchtool.series import Series, default_series_dir, shipped_series
 from k3rocm.supply_chain.rocm import (
     DEFAULT_ROCM_ROOT,
@@ -69,7 +70,7 @@ def image_tag(series: Series, rocm_version: str = ROCM_VERSION) -> str:
 
 
 def verify_base(target: Path, series: Series, rocm_root: Path, rocm: str) -> str:
-    vllm_version = patchset.read_vllm_version(target)
+    vllm_version = patching.read_vllm_version(target)
     if vllm_version != series.vllm_version:
         raise BuildStepError(
             f"the base image holds vLLM {vllm_version} in {target}; this image is "
@@ -94,9 +95,9 @@ def patch(target: Path, series: Series, expected_series_id: str | None) -> str:
             "scripts/build-image so the label and the tree agree"
         )
     try:
-        patchset.apply(target, series)
-        state = patchset.inspect(target, series)
-    except (patchset.Refusal, patchset.AlreadyUpstream) as err:
+        patching.apply(target, series)
+        state = patching.inspect(target, series)
+    except (Refusal, patching.AlreadyUpstream) as err:
         raise BuildStepError(str(err)) from None
     if state.state != PatchState.APPLIED:
         raise BuildStepError(f"after apply, {target} reads as {state.state}")
@@ -123,7 +124,7 @@ def versions(target: Path, series: Series, rocm_root: Path) -> dict:
         except md.PackageNotFoundError:
             recorded[name] = None
     return {
-        "vllm": patchset.read_vllm_version(target),
+        "vllm": patching.read_vllm_version(target),
         "patch_series": series.series_id,
         "rocm": read_rocm_version(rocm_root),
         "python": platform.python_version(),
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         print(image_tag(series, args.rocm_version))
         return 0
     try:
-        target = args.target or patchset.find_installed_target()
+        target = args.target or patching.find_installed_target()
         if args.command == "verify-base":
             message = verify_base(target, series, args.rocm_root, args.rocm_version)
         elif args.command == "patch":
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(recorded, indent=2) + "\n")
             message = f"wrote {args.out}: {json.dumps(recorded)}"
-    except (BuildStepError, RocmVersionError, patchset.Refusal) as err:
+    except (BuildStepError, RocmVersionError, Refusal) as err:
         line_logger(f"k3rocm.supply_chain.image {args.command}")(str(err))
         return 1
     print(message)

@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 from k3rocm.common.line_log import line_logger
 from k3rocm.patchtool.series import Series, default_series_dir
-from k3rocm.patchtool.triage import TRIAGE_NAME, Entry, TriageError, load_triage
+from k3rocm.patchtool.triage_file import TRIAGE_NAME, Entry, TriageError, load_triage
 
 log = line_logger("k3rocm.supply_chain.sbom")
 
