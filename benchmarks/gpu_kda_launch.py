@@ -52,7 +52,7 @@ import gpu_bench as gb  # noqa: E402  (loads the patched tree)
 from kda_harness import (  # noqa: E402
     HEAD_DIM,
     HEADS_PER_RANK,
-    REPINS,
+    RunReport,
     cu_seqlens,
     kda_inputs,
     pin_to_quiet_cpu,
@@ -746,22 +746,10 @@ def step_model_vs_k33(name: str, call) -> dict:
 
 
 def main():
-    import triton
-
-    out_dir = Path(os.environ.get("OUT", "/tmp"))
-    report = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "date": time.strftime("%Y-%m-%d"),
-        "direct launches available": kda_chunk_launch.DIRECT,
-    }
-
-    def save():
-        report["repins"] = REPINS
-        (out_dir / "kda_launch.json").write_text(
-            json.dumps(report, indent=1, default=str)
-        )
+    report = RunReport(
+        "kda_launch.json", **{"direct launches available": kda_chunk_launch.DIRECT}
+    )
+    save = report.save
 
     report["host_cpu"] = pin_to_quiet_cpu()
     report["warm_up"] = warm_up()

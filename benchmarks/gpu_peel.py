@@ -58,7 +58,7 @@ sys.path.insert(0, str(HERE))
 import gpu_bench as gb  # noqa: E402  (loads the patched tree)
 import gpu_kda_launch as gkl  # noqa: E402
 from kda_harness import (  # noqa: E402
-    REPINS,
+    RunReport,
     cu_seqlens,
     kda_inputs,
     pin_to_quiet_cpu,
@@ -760,20 +760,10 @@ def step_model() -> dict:
 
 
 def main():
-    import triton
-
-    out_dir = Path(os.environ.get("OUT", "/tmp"))
-    report = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "date": time.strftime("%Y-%m-%d"),
-        "direct launches available": kda_chunk_launch.DIRECT,
-    }
-
-    def save():
-        report["repins"] = REPINS
-        (out_dir / "peel.json").write_text(json.dumps(report, indent=1, default=str))
+    report = RunReport(
+        "peel.json", **{"direct launches available": kda_chunk_launch.DIRECT}
+    )
+    save = report.save
 
     report["host_cpu"] = pin_to_quiet_cpu()
     if os.environ.get("K3_PEEL_ONLY") == "per_call":  # parts 3 and 4 alone
@@ -787,10 +777,8 @@ def main():
             if lens[0] == 1
         }
         print("recurrent", json.dumps(report["recurrent_host_cost"]), flush=True)
-        report["repins"] = REPINS
-        (out_dir / "peel-per-call.json").write_text(
-            json.dumps(report, indent=1, default=str)
-        )
+        report.path = report.path.with_name("peel-per-call.json")
+        report.save()
         return
     if os.environ.get("K3_PEEL_ONLY") == "recurrent":  # part 4 alone
         report["recurrent_host_cost"] = {
@@ -799,9 +787,8 @@ def main():
             if lens[0] == 1
         }
         print("recurrent", json.dumps(report["recurrent_host_cost"]), flush=True)
-        (out_dir / "peel-recurrent.json").write_text(
-            json.dumps(report, indent=1, default=str)
-        )
+        report.path = report.path.with_name("peel-recurrent.json")
+        report.save()
         return
 
     def part(name, run):

@@ -54,7 +54,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from kda_harness import HEAD_DIM, HEADS_PER_RANK, load_tree  # noqa: E402
+from kda_harness import HEAD_DIM, HEADS_PER_RANK, RunReport, load_tree  # noqa: E402
 
 kda_ops = load_tree("patched")  # puts src/ (k3rocm) on the path too
 
@@ -599,25 +599,21 @@ def forced_stages4(batches: int = 12) -> dict:
 
 
 def main():
-    out_dir = Path(os.environ.get("OUT", "/tmp"))
-    report = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "date": time.strftime("%Y-%m-%d"),
-        "heads": H,
-        "head_dim": K,
-        "lower_bound": LOWER_BOUND,
-        "recompute_w_u configs (patched)": [
-            str(c)
-            for c in kda_chunk_launch.unwrap(chunk.recompute_w_u_fwd_kernel)[1].configs
-        ],
-    }
-
-    def save():
-        (out_dir / "reference.json").write_text(
-            json.dumps(report, indent=1, default=str)
-        )
+    report = RunReport(
+        "reference.json",
+        heads=H,
+        head_dim=K,
+        lower_bound=LOWER_BOUND,
+        **{
+            "recompute_w_u configs (patched)": [
+                str(c)
+                for c in kda_chunk_launch.unwrap(chunk.recompute_w_u_fwd_kernel)[
+                    1
+                ].configs
+            ]
+        },
+    )
+    save = report.save
 
     report["poison works"] = poison_works()
     start = time.perf_counter()

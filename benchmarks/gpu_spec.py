@@ -56,11 +56,10 @@ if DRY:
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from kda_harness import HEAD_DIM, HEADS_PER_RANK, load_tree  # noqa: E402
+from kda_harness import HEAD_DIM, HEADS_PER_RANK, RunReport, load_tree  # noqa: E402
 
 kda_ops = load_tree("patched")  # puts src/ (k3rocm) on the path too
 
-import triton  # noqa: E402
 from reference_chunked import batch_reference  # noqa: E402
 from vllm.models.kimi_k3.amd.kda_metadata import (  # noqa: E402
     prepare_chunk_metadata_device as chunk_metadata,
@@ -628,22 +627,15 @@ def host_round(n: int, rng, calls: int, results: dict) -> None:
 
 
 def main():
-    out_dir = Path(os.environ.get("OUT", "/tmp"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    report = {
-        "device": DEV if DRY else torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "heads": H,
-        "head_dim": K,
-        "num_speculative_tokens": NUM_SPEC,
-        "lower_bound": LOWER_BOUND,
-    }
-    path = out_dir / "spec.json"
-
-    def save():
-        path.write_text(json.dumps(report, indent=1, default=str))
+    report = RunReport(
+        "spec.json",
+        device=DEV if DRY else None,
+        heads=H,
+        head_dim=K,
+        num_speculative_tokens=NUM_SPEC,
+        lower_bound=LOWER_BOUND,
+    )
+    save = report.save
 
     start = time.perf_counter()
     parts = [
@@ -691,7 +683,7 @@ def main():
         print(f"== {name}:", json.dumps(report[name], default=str)[:1500], flush=True)
     report["seconds"] = time.perf_counter() - start
     save()
-    print("spec.json in", path, flush=True)
+    print("spec.json in", report.path, flush=True)
     failing = report.get("reference", {}).get("failing count")
     if failing:
         status = 1

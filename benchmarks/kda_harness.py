@@ -1,9 +1,11 @@
 """Shared set-up of the GPU harness: import the bundled vLLM kernel files of
-one tree (patched, pristine) behind the shims, and make KDA inputs at
-Kimi-K3 shapes."""
+one tree (patched, pristine) behind the shims, make KDA inputs at Kimi-K3
+shapes, pin the timing thread to a quiet CPU, and keep a run's report."""
 
+import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -134,3 +136,29 @@ def repin_to_quiet_cpu() -> None:
         return
     chosen, times = _fastest_cpu(passes=1, samples=5)
     REPINS.append((chosen, times[chosen], statistics.median(times.values())))
+
+
+class RunReport(dict):
+    """A run's JSON report, OUT/<name>: the device, versions and date first,
+    then what the run adds. save() rewrites the file after each part, so a
+    run cut off by its time limit keeps what it had; a run that pinned its
+    thread (host_cpu) records the re-pins too."""
+
+    def __init__(self, name: str, device: str | None = None, **fields):
+        import triton
+
+        super().__init__(
+            gpu=device or torch.cuda.get_device_name(),
+            torch=torch.__version__,
+            triton=triton.__version__,
+            date=time.strftime("%Y-%m-%d %H:%M:%S"),
+            **fields,
+        )
+        out = Path(os.environ.get("OUT", "/tmp"))
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / name
+
+    def save(self) -> None:
+        if "host_cpu" in self:
+            self["repins"] = REPINS
+        self.path.write_text(json.dumps(self, indent=1, default=str))
