@@ -7,10 +7,9 @@ what is checked is who gets past the middlewares. The live server, behind
 the image's launcher, is walked the same way in tests/deploy/test_compose_live.py.
 """
 
-import re
-
 import pytest
 from starlette.testclient import TestClient
+from support.vllm_routes import plain_app, routes
 from vllm.entrypoints.openai.api_server import build_app
 from vllm.entrypoints.openai.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -48,16 +47,6 @@ def vllm_app(monkeypatch, tmp_path, key: str | None, admin: bool):
     return build_app(args, supported_tasks=("generate",))
 
 
-def routes(app) -> list[tuple[str, str, str]]:
-    """(method, route path, a concrete path) for every route of the app."""
-    found = []
-    for route in app.routes:
-        methods = sorted(getattr(route, "methods", None) or {"GET"})
-        concrete = re.sub(r"\{[^}]+\}", "x", route.path)
-        found += [(m, route.path, concrete) for m in methods if m != "HEAD"]
-    return found
-
-
 def ours(response) -> str | None:
     """The access middleware's answer ("401"/"404"), or None where the
     request got past it."""
@@ -72,12 +61,6 @@ def ours(response) -> str | None:
 def call(client, method, path, key=None):
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return client.request(method, path, headers=headers, json={})
-
-
-def plain_app():
-    """vLLM's app with none of our middlewares: its route table only."""
-    parser = make_arg_parser(FlexibleArgumentParser())
-    return build_app(parser.parse_args(["--model", "m"]), supported_tasks=("generate",))
 
 
 def test_every_route_is_known():

@@ -197,7 +197,7 @@ def test_the_live_server_walks_like_its_route_table(project):
     routes answer 404 (K3_API_ADMIN_ROUTES is off). POST /invocations with a
     completion body and no key, which 0.27.1 answers with generated text,
     is 401."""
-    from test_api_access import plain_app, routes
+    from support.vllm_routes import plain_app, routes
 
     server = project["server"]
     wait_for("healthy server", lambda: health(server) == "healthy", 480)
