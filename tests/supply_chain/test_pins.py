@@ -119,3 +119,10 @@ def test_a_pin_whose_place_is_gone_is_named(tmp_path, capsys):
     assert write_pins(Series(repo / "patches"), repo)[0].found is None
     assert main(["--check", "--repo", str(repo)]) == 1
     assert "the pods' image tag is no longer where" in capsys.readouterr().err
+
+
+def test_outside_a_checkout_it_says_so_in_one_line(tmp_path, capsys):
+    assert main(["--check", "--repo", str(tmp_path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("k3rocm.supply_chain.pins: ")
+    assert line.endswith("; run it in a checkout of the repository")

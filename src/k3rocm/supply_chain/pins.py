@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3rocm.common.line_log import line_logger
-from k3rocm.patchtool.series import Series
+from k3rocm.patchtool.series import Series, SeriesError
 from k3rocm.supply_chain.image import ROCM_VERSION, base_image, image_tag
 
 REPO = Path(__file__).resolve().parents[3]
@@ -144,13 +144,18 @@ def main(argv: list[str] | None = None) -> int:
     action.add_argument("--write", action="store_true", help="rewrite stale pins")
     parser.add_argument("--repo", type=Path, default=REPO, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    series = Series(args.repo / "patches")
-    if args.write:
-        before = len(stale_pins(series, args.repo))
-        left = write_pins(series, args.repo)
-        print(f"k3rocm pins: rewrote {before - len(left)} pin(s) to {_tag(series)}")
-    else:
-        left = stale_pins(series, args.repo)
+    try:
+        series = Series(args.repo / "patches")
+        if args.write:
+            before = len(stale_pins(series, args.repo))
+            left = write_pins(series, args.repo)
+            print(f"k3rocm pins: rewrote {before - len(left)} pin(s) to {_tag(series)}")
+        else:
+            left = stale_pins(series, args.repo)
+    except (OSError, SeriesError) as error:
+        # An installed package has no repository around it to pin.
+        log(f"{error}; run it in a checkout of the repository")
+        return 2
     for stale in left:
         log(str(stale))
     return 1 if left else 0
