@@ -10,8 +10,8 @@ in one process, paired, three revisions of the non-spec mixed step:
   list and plan key at every call, on views of the decodes' rows) plus the
   launched chunk KDA call over the prefill slice, with the device metadata
   for prefill_query_start_loc (built once per step, as the builder does);
-- k3.7: the same with this revision's recurrent launch (handed the whole
-  batch's tensors as patch 0004 hands them, matched to its plan by a
+- the series as it stands (named by its revision; k3.7 and on): the same
+  with its recurrent launch (handed the whole batch's tensors as patch 0004 hands them, matched to its plan by a
   layout signature).
 
 All three leave out what the layer does around the ops on every side alike
@@ -24,16 +24,16 @@ All three leave out what the layer does around the ops on every side alike
    makes at its first build (kda_chunk_launch.warm_up_recurrent_kda, for
    the stand-in layers' state pools and state indices); the warm-up's
    plans checked bitwise against the wrapper;
-2. the recurrent launch of k3.6 and of k3.7 checked bitwise against the
+2. the recurrent launch of k3.6 and of the series checked bitwise against the
    wrapper at the mixed shapes (plans made by a first call);
 3. GPU and host time per layer call of each side at the bench's shapes
    (7 and 15 decodes + 1 x 1k, 31 decodes + 512, 1 x 4096), rotating
    blocks; the recurrent calls and the chunk slice apart too;
-4. the recurrent call's host cost: the wrapper, k3.6's and k3.7's launch,
+4. the recurrent call's host cost: the wrapper, k3.6's and the series' launch,
    Triton's dispatcher, and a direct launch of the same binary (checked
    bitwise against the dispatcher's output);
 5. gpu_bench.py's step model (64 layers, KDA in 48, a calibrated GPU wait)
-   with k3.5 and k3.7 alternating step by step: per-round medians, the
+   with k3.5 and the series alternating step by step: per-round medians, the
    paired statistic, the share of steps the GPU waited for the host.
 
     python3 benchmarks/gpu_peel.py      # needs .gpu/ (gpu_bundle.py)
@@ -47,6 +47,7 @@ import random
 import statistics
 import sys
 import time
+import tomllib
 import traceback
 from pathlib import Path
 
@@ -58,6 +59,7 @@ sys.path.insert(0, str(HERE))
 import gpu_bench as gb  # noqa: E402  (loads the patched tree)
 import gpu_kda_launch as gkl  # noqa: E402
 from kda_harness import (  # noqa: E402
+    REPO,
     RunReport,
     cu_seqlens,
     kda_inputs,
@@ -74,7 +76,10 @@ from vllm.models.kimi_k3.amd.ops.third_party.kda import (  # noqa: E402
 
 metadata = gkl.metadata
 ROUNDS = gb.ROUNDS
-BEFORE, PREVIOUS, AFTER = "k3.5", "k3.6", "k3.7"
+# k3.5 (no peel) and k3.6 (its launch module read from git by gpu_bundle.py)
+# against the series as it stands, named by its revision.
+BEFORE, PREVIOUS = "k3.5", "k3.6"
+AFTER = tomllib.loads((REPO / "patches" / "series.toml").read_text())["revision"]
 # The step model's other side: k3.5, or with K3_PEEL_BEFORE=0.27.1 vLLM
 # 0.27.1's layer (the builder's host metadata and its copy, then each KDA
 # call building its own metadata with a device sync, as gpu_bench.py's).
@@ -416,7 +421,7 @@ def recurrent_plan_bitwise(decodes: int, call: dict) -> dict:
 
 def per_call_rounds(lens, calls=20, rounds=2 * ROUNDS) -> dict:
     """GPU and host time per layer call, sides rotating (gpu_kda_launch.
-    variant_rounds' method): k3.5, k3.6, k3.7, and the peeled sides'
+    variant_rounds' method): k3.5, k3.6, the series, and the peeled sides'
     recurrent calls and chunk-slice call alone."""
     b = Batch(lens, seed=2)
     mb, ma = b.metadata_before(), b.metadata_after()
@@ -479,7 +484,7 @@ def per_call_rounds(lens, calls=20, rounds=2 * ROUNDS) -> dict:
 
 
 def recurrent_launch_bitwise() -> dict:
-    """Per mixed shape and revision (k3.6, k3.7): outputs and state pool of
+    """Per mixed shape and revision (k3.6, the series): outputs and state pool of
     patch 0005's launch of the recurrent kernel (its plan made by a first
     call) against the wrapper's, from the same pool, bitwise."""
     result = {}
@@ -504,7 +509,7 @@ def recurrent_launch_bitwise() -> dict:
                 for x, y in zip(outs["wrapper"], outs[version], strict=True)
             )
         row["stats after (k3.6)"] = dict(kda_chunk_launch_k36.RECURRENT_STATS)
-        row["stats after (k3.7)"] = dict(kda_chunk_launch.RECURRENT_STATS)
+        row[f"stats after ({AFTER})"] = dict(kda_chunk_launch.RECURRENT_STATS)
         result[name] = row
     return result
 
@@ -602,7 +607,7 @@ def recurrent_host_cost(lens, reps=400) -> dict:
     parts = {
         "wrapper fused_recurrent_kda": functools.partial(b.recurrent, "wrapper"),
         "k3.6 recurrent_kda_launched": functools.partial(b.recurrent, PREVIOUS),
-        "k3.7 recurrent_kda_launched": functools.partial(b.recurrent, AFTER),
+        f"{AFTER} recurrent_kda_launched": functools.partial(b.recurrent, AFTER),
         "kernel[grid](...)": dispatcher,
         "direct launch": launch_direct,
     }
@@ -817,7 +822,7 @@ def main():
     )
     part("step_model", step_model)
     report["launch STATS"] = dict(kda_chunk_launch.STATS)
-    report["recurrent launch STATS (k3.7 / k3.6)"] = [
+    report[f"recurrent launch STATS ({AFTER} / k3.6)"] = [
         dict(kda_chunk_launch.RECURRENT_STATS),
         dict(kda_chunk_launch_k36.RECURRENT_STATS),
     ]
