@@ -11,8 +11,8 @@ in one process, paired, three revisions of the non-spec mixed step:
   launched chunk KDA call over the prefill slice, with the device metadata
   for prefill_query_start_loc (built once per step, as the builder does);
 - the series as it stands (named by its revision; k3.7 and on): the same
-  with its recurrent launch (handed the whole batch's tensors as patch 0004 hands them, matched to its plan by a
-  layout signature).
+  with its recurrent launch (handed the whole batch's tensors as patch
+  0004 hands them, matched to its plan by a layout signature).
 
 All three leave out what the layer does around the ops on every side alike
 (gather_initial_states, the state write-back). Measured:
