@@ -15,6 +15,7 @@ Grafana has no image here and is not started (its files have static tests).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -446,7 +447,10 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
         lambda: server_logs(server)[-4000:],
     )
     stopped_after = time.monotonic() - started
-    assert "unhealthy" not in docker_health.stop(), docker_health.seen
+    assert "unhealthy" not in docker_health.stop(), (
+        docker_health.story,
+        timestamped_logs(server, stopped_at),
+    )
     # The streams the stall held end, cut off (no [DONE]), not hung for ever.
     cut_off = [s for s in load.stop(60) if not s.done]
     assert len(cut_off) == 4, [(s.events, s.done, s.errors) for s in load.finished]
@@ -485,23 +489,48 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
 
 
 class DockerHealthWatch(threading.Thread):
-    """Docker's health status of a container, read every half second."""
+    """Docker's health status of a container, read every half second, and
+    each check Docker ran meanwhile (its times, exit code and line: what a
+    failure shows)."""
 
     def __init__(self, container: str):
         super().__init__(daemon=True)
         self.container, self.seen, self.done = container, [], threading.Event()
+        self.checks: dict[str, tuple] = {}
         self.start()
 
     def run(self) -> None:
         while not self.done.is_set():
             health = container_state(self.container)["State"].get("Health", {})
             self.seen.append(health.get("Status"))
+            for check in health.get("Log") or []:
+                self.checks[check["Start"]] = (
+                    check["Start"][11:23],
+                    check["End"][11:23],
+                    check["ExitCode"],
+                    check["Output"].strip()[-200:],
+                )
             time.sleep(0.5)
+
+    @property
+    def story(self) -> str:
+        seen = [f"{s} x{len(list(g))}" for s, g in itertools.groupby(self.seen)]
+        return f"{seen}; checks {sorted(self.checks.values())}"
 
     def stop(self) -> set:
         self.done.set()
         self.join(30)
         return set(self.seen)
+
+
+def timestamped_logs(server: str, since: float) -> str:
+    """The log from unix time ``since`` on, each line with Docker's time,
+    less vLLM's access lines (the health loop's thousands)."""
+    lines = docker("logs", "--timestamps", "--since", f"{since:.3f}", server)
+    text = lines.stdout + lines.stderr
+    kept = [line[11:23] + line[30:] for line in text.splitlines()]
+    kept = [line for line in kept if "GET /" not in line]
+    return "\n".join(kept)[-6000:]
 
 
 def record_stall_timings(
