@@ -364,19 +364,33 @@ def wait_healthy_again(server: str, restarts: int) -> None:
         180,
         lambda: server_logs(server)[-4000:],
     )
-    wait_for(
-        "healthy again",
-        lambda: (
-            container_state(server)["State"].get("Health", {}).get("Status")
-            == "healthy"
-        ),
-        480,
-        lambda: server_logs(server)[-4000:],
-    )
+    wait_healthy(server)
+
+
+def wait_healthy(server: str) -> None:
+    """Until Docker calls the container healthy; not while it waits to
+    restart (its status then is still the last run's)."""
+
+    def healthy() -> bool:
+        state = container_state(server)["State"]
+        return (
+            state["Running"]
+            and not state["Restarting"]
+            and state.get("Health", {}).get("Status") == "healthy"
+        )
+
+    wait_for("a healthy server", healthy, 480, lambda: server_logs(server)[-4000:])
+
+
+def healthy_server(project) -> str:
+    """The server, once Docker calls it healthy: each stall test starts from
+    a served container, whatever the test before it left."""
+    wait_healthy(project["server"])
+    return project["server"]
 
 
 def test_an_idle_server_is_not_stalled(project):
-    server = project["server"]
+    server = healthy_server(project)
     restarts = container_state(server)["RestartCount"]
     time.sleep(3 * STALL_SECONDS)
     assert health(server) == "healthy"
@@ -388,7 +402,7 @@ def test_a_slow_but_progressing_engine_is_not_stalled(project):
     """The engine core stopped for 0.6 x K3_STALL_SECONDS at a time, then let
     run for 2 s, under four streams: every gap is slower than any real step
     and shorter than the stall time."""
-    server = project["server"]
+    server = healthy_server(project)
     engine = vllm_processes(server)["VLLM::EngineCor"]
     load = Load(project["api"], 4, SECRETS["api_key"])
     deadline = time.monotonic() + 3 * STALL_SECONDS
@@ -415,7 +429,7 @@ def test_a_stopped_engine_process_is_caught_dumped_and_restarted(project, stoppe
     within K3_STALL_SECONDS and a few looks the health check says stalled,
     every vLLM process's stacks are in the log and on the cache volume, the
     container exits 5 and compose starts it again, healthy."""
-    server = project["server"]
+    server = healthy_server(project)
     restarts = container_state(server)["RestartCount"]
     processes = vllm_processes(server)
     [pid] = [pid for name, pid in processes.items() if name.startswith(stopped)]
@@ -561,7 +575,7 @@ def record_stall_timings(
 def test_a_killed_engine_core_is_still_a_counted_restart(project):
     """SIGKILL is no stall: the API server exits, the guard counts a death and
     vLLM starts again inside the same container."""
-    server = project["server"]
+    server = healthy_server(project)
     restarts = container_state(server)["RestartCount"]
     counted = "vLLM exited unasked; restart 1 of 3"
     before = server_logs(server).count(counted)
