@@ -216,7 +216,8 @@ def test_docker_stop_drains_every_accepted_stream(served):
     # still running then, so the drain, not luck, delivered them (a health
     # check in flight may add one).
     first_count = re.search(r"drain: (\d+) request\(s\) in flight", logs)
-    assert first_count, "the stop came after the streams ended"
+    drain_lines = [line for line in logs.splitlines() if "drain: " in line]
+    assert first_count, f"no count in flight at the stop: {drain_lines}"
     assert int(first_count.group(1)) >= STREAMS
     assert "drain: every accepted request finished" in logs
 

@@ -21,9 +21,9 @@ body holds no stop, and no body is held past the limit. A stream still
 open when the drain deadline in the mark has passed gets an error event and
 ``[DONE]``, so its client knows why it ends.
 
-``k3rocm.container.supervise run`` writes the mark on SIGTERM, waits with
-``wait_drained`` until nothing is in flight or the deadline passes, and only
-then stops vLLM (see k3rocm.common.stop_budget).
+``k3rocm.container.supervise run`` writes the mark on SIGTERM, waits
+(k3rocm.container.drain_wait) until nothing is in flight or the deadline
+passes, and only then stops vLLM (see k3rocm.common.stop_budget).
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ import asyncio
 import json
 import os
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -287,57 +285,3 @@ class _DeadlineGuard:
         self.next_check = now + DEADLINE_POLL_SECONDS
         deadline = read_drain_deadline(self.directory)
         return deadline is not None and time.time() >= deadline
-
-
-def requests_in_flight(metrics_url: str, timeout: float = 5) -> float | None:
-    """The in-flight count from the API server's /metrics; None when it does
-    not answer (not serving yet, or gone)."""
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=timeout) as response:
-            text = response.read().decode(errors="replace")
-    except (OSError, urllib.error.URLError):
-        return None
-    total = None
-    for line in text.splitlines():
-        if line.startswith(API_IN_FLIGHT) and not line.startswith(API_IN_FLIGHT + "_"):
-            try:
-                total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                continue
-    return total
-
-
-def wait_drained(
-    metrics_url: str,
-    deadline: float,
-    interrupted: Callable[[], bool],
-    log: Callable[[str], None],
-    poll_seconds: float = 0.5,
-) -> None:
-    """Wait until no request is in flight, the deadline passes, or
-    ``interrupted()``; say which in one line."""
-    started = time.time()
-    last = None
-    while True:
-        in_flight = requests_in_flight(metrics_url)
-        if in_flight is None:
-            log("drain: vLLM is not serving (no /metrics); nothing to drain")
-            return
-        if in_flight == 0:
-            elapsed = time.time() - started
-            log(f"drain: every accepted request finished in {elapsed:.1f} s")
-            return
-        if in_flight != last:
-            log(f"drain: {in_flight:.0f} request(s) in flight; new ones get 503")
-            last = in_flight
-        if time.time() >= deadline:
-            log(
-                f"drain: {in_flight:.0f} request(s) still in flight at the drain "
-                "deadline (K3_STOP_GRACE_SECONDS); their streams are cut off with "
-                "an error"
-            )
-            return
-        if interrupted():
-            log("drain: a second stop signal; stopping without waiting further")
-            return
-        time.sleep(poll_seconds)

@@ -66,7 +66,8 @@ from k3rocm.common.setting_table import (
     VLLM_START_SECONDS,
 )
 from k3rocm.common.stop_budget import StopBudget
-from k3rocm.container.drain import wait_drained, write_drain_mark
+from k3rocm.container.drain import write_drain_mark
+from k3rocm.container.drain_wait import wait_drained
 from k3rocm.container.guard import listen
 from k3rocm.container.jit_locks import sweep as sweep_jit_locks
 from k3rocm.container.writable import problems as unwritable
