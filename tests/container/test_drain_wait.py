@@ -140,3 +140,22 @@ def test_a_late_answer_raises_busy_and_a_prompt_one_is_the_count(metrics):
         requests_in_flight(metrics.url, TIMEOUT)
     metrics.script = [5]
     assert requests_in_flight(metrics.url, TIMEOUT) == 5.0
+
+
+def test_a_connection_never_taken_is_busy_too():
+    """A listening API server too busy to accept: the connect times out
+    (urllib wraps that timeout, unlike one while reading)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)  # never accepted: the queue fills, later SYNs wait
+        port = server.getsockname()[1]
+        queued = [socket.socket() for _ in range(3)]
+        for client in queued:
+            client.setblocking(False)
+            client.connect_ex(("127.0.0.1", port))
+        try:
+            with pytest.raises(MetricsBusy):
+                requests_in_flight(f"http://127.0.0.1:{port}/metrics", TIMEOUT)
+        finally:
+            for client in queued:
+                client.close()

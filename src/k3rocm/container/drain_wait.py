@@ -23,15 +23,13 @@ def requests_in_flight(metrics_url: str, timeout: float = 5) -> float | None:
     try:
         with urllib.request.urlopen(metrics_url, timeout=timeout) as response:
             text = response.read().decode(errors="replace")
-    except TimeoutError as err:
-        raise MetricsBusy(f"/metrics did not answer within {timeout:.1f} s") from err
-    except urllib.error.URLError as err:
-        if isinstance(err.reason, TimeoutError):
+    except OSError as err:
+        # urllib wraps a timeout while connecting, not one while reading.
+        cause = err.reason if isinstance(err, urllib.error.URLError) else err
+        if isinstance(cause, TimeoutError):
             raise MetricsBusy(
                 f"/metrics did not answer within {timeout:.1f} s"
             ) from err
-        return None
-    except OSError:
         return None
     total = None
     for line in text.splitlines():
