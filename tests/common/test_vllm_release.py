@@ -7,9 +7,9 @@ by test_api_access's walk, the flags by the launcher's goldens parsed by
 
 from __future__ import annotations
 
-import re
+import ast
 import tomllib
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 from k3rocm.common.vllm_release import RELEASES, TARGET, TARGET_VERSION
@@ -25,14 +25,51 @@ def test_the_target_is_the_series_target():
     assert all(release.version == version for version, release in RELEASES.items())
 
 
+def _strings(value: object) -> set[str]:
+    """Every string inside a release's value (flag tables, flags, tuples)."""
+    if isinstance(value, str):
+        return {value}
+    if is_dataclass(value):
+        parts = [getattr(value, field.name) for field in fields(value)]
+    else:
+        parts = list(value)  # a tuple or set of names
+    return set().union(*map(_strings, parts))
+
+
 def _names() -> set[str]:
-    names: set[str] = set()
-    for field in fields(TARGET):
-        value = getattr(TARGET, field.name)
-        names |= {value} if isinstance(value, str) else set(value)
     # /health and /metrics are also the paths of our own servers (the status
     # server, Prometheus' convention): read everywhere, left out here.
-    return names - {TARGET.version} - TARGET.open_paths
+    return _strings(TARGET) - {TARGET.version} - TARGET.open_paths
+
+
+def test_the_names_include_every_flag_of_the_flag_tables():
+    """The walk reaches the flags (a planted second copy of one is caught)."""
+    names = _names()
+    assert {"--host", "-tp", "--headless", "--result-filename"} <= names
+    assert TARGET.serve.node_rank.spellings == ("--node-rank", "-r")
+    assert TARGET.serve.max_num_batched_tokens.dest == "max_num_batched_tokens"
+
+
+def _literals(path: Path) -> list[str]:
+    """The module's string constants, less the option names of its own
+    command lines (add_argument's first arguments: our CLIs may share a
+    spelling with vLLM's, e.g. --seed)."""
+    tree = ast.parse(path.read_text())
+    own_options = {
+        id(arg)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "add_argument"
+        for arg in node.args
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in own_options
+    ]
 
 
 def test_no_other_module_spells_a_name_of_the_release():
@@ -43,7 +80,7 @@ def test_no_other_module_spells_a_name_of_the_release():
     for path in PACKAGE.rglob("*.py"):
         if path.name == "vllm_release.py" or path.parent.name == "kernels":
             continue
-        for literal in re.findall(r"""["']([^"'\n]+)["']""", path.read_text()):
+        for literal in _literals(path):
             if literal in names:
                 offenders.append(f"{path.relative_to(REPO)}: {literal}")
     assert not offenders, offenders

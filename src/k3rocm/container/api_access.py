@@ -33,7 +33,7 @@ from typing import Any
 from k3rocm.common.setting_table import API_ADMIN_ROUTES
 from k3rocm.common.vllm_release import TARGET
 
-KEY_ENV = "VLLM_API_KEY"
+KEY_ENV = TARGET.api_key_env
 OPEN_PATHS = TARGET.open_paths
 ADMIN_PATHS = TARGET.admin_paths
 

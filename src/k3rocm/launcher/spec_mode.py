@@ -17,7 +17,7 @@ from k3rocm.launcher.messages import label
 from k3rocm.launcher.owned_flags import last_values
 from k3rocm.launcher.settings import LaunchSettings
 
-_COMPILATION = "compilation_config"
+_COMPILATION = TARGET.serve.compilation_config.dest
 
 
 def spec_mode_problems(settings: LaunchSettings) -> list[str]:
@@ -28,7 +28,8 @@ def spec_mode_problems(settings: LaunchSettings) -> list[str]:
     if _COMPILATION not in last_values(settings.extra_args, (_COMPILATION,)):
         return []
     return [
-        f"{label('extra_args')} sets a compilation config (--compilation-config) "
+        f"{label('extra_args')} sets a compilation config "
+        f"({TARGET.serve.compilation_config.long}) "
         f"while {label('features')} has dspark, which sets cudagraph_mode PIECEWISE: "
         f"with FULL CUDA graphs vLLM {TARGET.version} leaves the KDA state of a "
         "prompt of exactly 1 + num_speculative_tokens tokens unwritten (vLLM #49918); "

@@ -14,14 +14,16 @@ whole prompt (--max-model-len) with chunked prefill off.
 from __future__ import annotations
 
 from k3rocm.common.profiles import AMD_ARGS, Profile
+from k3rocm.common.vllm_release import TARGET
 from k3rocm.launcher.messages import label
 from k3rocm.launcher.owned_flags import last_values
 from k3rocm.launcher.settings import LaunchSettings
 
 # The largest chunk KDA call proven on the H200 (tokens x heads a rank).
 PROVEN_TOKEN_HEADS = 9_984_000
-_BATCHED = "max_num_batched_tokens"
-_CHUNKED = "enable_chunked_prefill"
+_BATCHED_FLAG = TARGET.serve.max_num_batched_tokens
+_BATCHED = _BATCHED_FLAG.dest
+_CHUNKED = TARGET.serve.enable_chunked_prefill.dest
 
 
 def largest_tokens(profile: Profile) -> int:
@@ -59,12 +61,12 @@ def step_bound_problems(settings: LaunchSettings) -> list[str]:
                 f"{label('extra_args')} turns chunked prefill off, so a step holds "
                 f"a whole prompt of {label('max_model_len')} {model_len:,} tokens; "
                 f"{where}: set {label('max_model_len')} and "
-                f"--max-num-batched-tokens to at most {bound:,}."
+                f"{_BATCHED_FLAG.long} to at most {bound:,}."
             ]
         return []
     if batched > bound:
         return [
-            f"{label('extra_args')} sets --max-num-batched-tokens {batched:,}; "
+            f"{label('extra_args')} sets {_BATCHED_FLAG.long} {batched:,}; "
             f"{where}: set it to at most {bound:,}."
         ]
     return []

@@ -3,19 +3,20 @@ side of the try-out runs on any Python 3.11)."""
 
 from k3rocm.common.setting_table import EXTRA_ARGS, PROFILE, SMOKE_LOAD_TIMEOUT
 from k3rocm.common.setting_table import MAX_MODEL_LEN as MAX_MODEL_LEN_SETTING
+from k3rocm.common.vllm_release import TARGET
 
+_FLAG = TARGET.serve
 MAX_MODEL_LEN = 512
 # Flags that make the tiny model (k3rocm.tryout.tiny_model) start quickly on
-# a 2-core CPU machine.
-SERVE_ARGS = (
-    "--load-format",
+# a 2-core CPU machine, less its length.
+_QUICK_ARGS = (
+    _FLAG.load_format.long,
     "dummy",
-    "--enforce-eager",
-    "--max-model-len",
-    str(MAX_MODEL_LEN),
-    "--dtype",
+    _FLAG.enforce_eager.long,
+    _FLAG.dtype.long,
     "float32",
 )
+SERVE_ARGS = (*_QUICK_ARGS, _FLAG.max_model_len.long, str(MAX_MODEL_LEN))
 SERVE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 SERVER = "kimi-k3"
 # The CPU build's own variables, outside compose.yaml's allow-list: the tiny
@@ -27,8 +28,8 @@ CPU_SERVER_ENV = {**SERVE_ENV, "TRITON_INTERPRET": "1"}
 CPU_SETTINGS = {
     PROFILE.env: "cpu-dev",
     MAX_MODEL_LEN_SETTING.env: str(MAX_MODEL_LEN),
-    # SERVE_ARGS less the length, which K3_MAX_MODEL_LEN sets.
-    EXTRA_ARGS.env: "--load-format dummy --enforce-eager --dtype float32",
+    # The length is K3_MAX_MODEL_LEN's.
+    EXTRA_ARGS.env: " ".join(_QUICK_ARGS),
     SMOKE_LOAD_TIMEOUT.env: "600",
 }
 # The services the try-out starts: Grafana's dashboard needs nothing a CPU
