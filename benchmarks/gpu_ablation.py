@@ -26,7 +26,7 @@ import gpu_bench  # noqa: E402  (loads the patched bundle behind the shims)
 from kda_harness import BUNDLE  # noqa: E402
 
 SERIES_DIR = BUNDLE / "patched/vllm/models/kimi_k3/amd"
-HOST_SOURCE = (SERIES_DIR / "kda_metadata.py").read_text()
+HOST_SOURCE = (SERIES_DIR / "kda_metadata_launch.py").read_text()
 SOURCE = (SERIES_DIR / "kda_metadata_kernel.py").read_text()
 EDITS = {
     "cu_seqlens alignment specialized": (
@@ -54,10 +54,10 @@ def load_edited(name: str, kernel_text: str):
     root = Path(tempfile.mkdtemp())
     (root / name).mkdir()
     (root / name / "__init__.py").write_text("")
-    (root / name / "kda_metadata.py").write_text(HOST_SOURCE)
+    (root / name / "kda_metadata_launch.py").write_text(HOST_SOURCE)
     (root / name / "kda_metadata_kernel.py").write_text(kernel_text)
     sys.path.insert(0, str(root))
-    return importlib.import_module(f"{name}.kda_metadata")
+    return importlib.import_module(f"{name}.kda_metadata_launch")
 
 
 def previous_kernel_text() -> str | None:

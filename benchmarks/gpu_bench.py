@@ -63,7 +63,7 @@ from kda_harness import (  # noqa: E402
 )
 
 kda_ops = load_tree("patched")
-from vllm.models.kimi_k3.amd.kda_metadata import (  # noqa: E402
+from vllm.models.kimi_k3.amd.kda_metadata_launch import (  # noqa: E402
     prepare_chunk_metadata_device as ours,
 )
 from vllm.third_party.flash_linear_attention.ops.index import (  # noqa: E402
@@ -259,7 +259,7 @@ def host_breakdown(seq_lens, reps=400) -> dict:
     (and, for comparison, one allocation cut into both with three views),
     the launch through the cached binary, the whole step. Each part
     includes freeing what it made."""
-    import vllm.models.kimi_k3.amd.kda_metadata as kernel
+    import vllm.models.kimi_k3.amd.kda_metadata_launch as kernel
 
     repin_to_quiet_cpu()
     dev, host = cu_seqlens(seq_lens)

@@ -39,6 +39,7 @@ KERNEL_FILES = [
 SERIES_MODULE = "vllm/models/kimi_k3/amd/kda_metadata.py"
 SERIES_MODULES = [
     SERIES_MODULE,
+    "vllm/models/kimi_k3/amd/kda_metadata_launch.py",
     "vllm/models/kimi_k3/amd/kda_metadata_kernel.py",
     # The launches of patch 0005: the module the series imports and the
     # modules it re-exports from.

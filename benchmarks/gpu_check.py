@@ -147,7 +147,9 @@ def main() -> None:
     from kda_harness import load_tree
 
     kda_ops = load_tree("patched")
-    from vllm.models.kimi_k3.amd.kda_metadata import prepare_chunk_metadata_device
+    from vllm.models.kimi_k3.amd.kda_metadata_launch import (
+        prepare_chunk_metadata_device,
+    )
 
     from k3rocm.smoke.chunk_reference import reference_chunk_metadata
 
@@ -158,8 +160,8 @@ def main() -> None:
     results["kernel_batches_checked"] = kernel_matches_reference(
         prepare_chunk_metadata_device, reference_chunk_metadata
     )
-    import vllm.models.kimi_k3.amd.kda_metadata as kernel
     import vllm.models.kimi_k3.amd.kda_metadata_kernel as variants
+    import vllm.models.kimi_k3.amd.kda_metadata_launch as kernel
 
     # Every variant those batches ran went through the compiled binary, not
     # Triton's dispatcher.

@@ -69,7 +69,7 @@ def side(name: str, limit: str) -> dict:
     pin_to_quiet_cpu()  # as gpu_bench.py does: the steps' host times
     warm_up = None
     if name == "ours":
-        import vllm.models.kimi_k3.amd.kda_metadata as module
+        import vllm.models.kimi_k3.amd.kda_metadata_launch as module
 
         start = time.perf_counter()
         result = module.warm_up_chunk_metadata(max_num_seqs, max_tokens, "cuda")

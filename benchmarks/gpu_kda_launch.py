@@ -58,7 +58,7 @@ from kda_harness import (  # noqa: E402
     pin_to_quiet_cpu,
     repin_to_quiet_cpu,
 )
-from vllm.models.kimi_k3.amd.kda_metadata import (  # noqa: E402
+from vllm.models.kimi_k3.amd.kda_metadata_launch import (  # noqa: E402
     prepare_chunk_metadata_device as metadata,
 )
 from vllm.models.kimi_k3.amd.ops.third_party.kda import (  # noqa: E402

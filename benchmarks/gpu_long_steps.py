@@ -74,7 +74,7 @@ def run_case(tree: str, heads: int, tokens: int) -> dict:
         cu, cu_cpu = cu_seqlens([lengths[i] for i in seqs])
         kwargs = {}
         if with_metadata:
-            from vllm.models.kimi_k3.amd.kda_metadata import (
+            from vllm.models.kimi_k3.amd.kda_metadata_launch import (
                 prepare_chunk_metadata_device,
             )
 

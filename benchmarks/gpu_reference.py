@@ -60,7 +60,7 @@ kda_ops = load_tree("patched")  # puts src/ (k3rocm) on the path too
 
 import triton  # noqa: E402
 from reference_chunked import batch_reference  # noqa: E402
-from vllm.models.kimi_k3.amd.kda_metadata import (  # noqa: E402
+from vllm.models.kimi_k3.amd.kda_metadata_launch import (  # noqa: E402
     prepare_chunk_metadata_device as metadata,
 )
 from vllm.models.kimi_k3.amd.ops.third_party.kda import (  # noqa: E402

@@ -47,7 +47,7 @@ scenario_all() {
     run smoke python3 -c "
 from kda_harness import load_tree; load_tree('patched')
 from k3rocm import smoke
-from vllm.models.kimi_k3.amd.kda_metadata import prepare_chunk_metadata_device as build
+from vllm.models.kimi_k3.amd.kda_metadata_launch import prepare_chunk_metadata_device as build
 from vllm.third_party.flash_linear_attention.ops.index import prepare_chunk_indices
 print(smoke.compare_with_reference(build, 'cuda'))
 print(smoke.sync_check(build, lambda cu, _c: prepare_chunk_indices(cu, smoke.CHUNK_SIZE)))"

@@ -53,7 +53,9 @@ def timed(cache_autotuning: bool, profile=None) -> tuple[float, float]:
 
 def battery() -> list:
     """Stage 1's kernel battery (check_kernel_battery's comparison)."""
-    from vllm.models.kimi_k3.amd.kda_metadata import prepare_chunk_metadata_device
+    from vllm.models.kimi_k3.amd.kda_metadata_launch import (
+        prepare_chunk_metadata_device,
+    )
 
     from k3rocm.smoke.kernel_checks import compare_with_reference
 

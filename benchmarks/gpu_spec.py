@@ -61,7 +61,7 @@ from kda_harness import HEAD_DIM, HEADS_PER_RANK, RunReport, load_tree  # noqa: 
 kda_ops = load_tree("patched")  # puts src/ (k3rocm) on the path too
 
 from reference_chunked import batch_reference  # noqa: E402
-from vllm.models.kimi_k3.amd.kda_metadata import (  # noqa: E402
+from vllm.models.kimi_k3.amd.kda_metadata_launch import (  # noqa: E402
     prepare_chunk_metadata_device as chunk_metadata,
 )
 from vllm.models.kimi_k3.amd.ops.third_party.kda import (  # noqa: E402

@@ -1,7 +1,7 @@
 """The series' device kernel against the reference semantics, run by the
 Triton interpreter on CPU tensors. It is imported from its sources,
 src/k3rocm/kernels/kda_metadata_kernel.py (the kernel and its variants) and
-kda_metadata.py (the host side); patch 0002 is generated from them, and
+kda_metadata_launch.py (the host side); patch 0002 is generated from them, and
 test_patch_sources checks that the patched tree holds the same bytes.
 
 The reference (k3rocm.smoke.chunk_reference) is itself checked against vLLM
@@ -18,8 +18,8 @@ from vllm.third_party.flash_linear_attention.ops.index import (
     prepare_chunk_offsets,
 )
 
-from k3rocm.kernels import kda_metadata, kda_metadata_kernel
-from k3rocm.kernels.kda_metadata import prepare_chunk_metadata_device
+from k3rocm.kernels import kda_metadata_kernel, kda_metadata_launch
+from k3rocm.kernels.kda_metadata_launch import prepare_chunk_metadata_device
 from k3rocm.smoke.chunk_reference import cu_seqlens_of, reference_chunk_metadata
 
 
@@ -125,7 +125,7 @@ def test_batch_of_no_sequences():
 # Small batches are sized with plain integers, larger ones with NumPy.
 @pytest.mark.parametrize("delta", [-1, 0, 1])
 def test_sequence_counts_around_the_plain_integer_sizing(delta):
-    num_seqs = kda_metadata._PLAIN_INT_MAX_SEQS + delta
+    num_seqs = kda_metadata_launch._PLAIN_INT_MAX_SEQS + delta
     generator = torch.Generator().manual_seed(num_seqs)
     seq_lens = torch.randint(0, 2000, (num_seqs,), generator=generator).tolist()
     seq_lens[1] = 0
@@ -179,7 +179,7 @@ def batch_selecting(variant, loops=False):
 def test_every_variant_matches_reference(variant):
     seq_lens = batch_selecting(variant)
     most_chunks = -(-max(seq_lens) // 64)
-    assert kda_metadata.select_variant(len(seq_lens), most_chunks) == variant
+    assert kda_metadata_launch.select_variant(len(seq_lens), most_chunks) == variant
     assert_matches_reference(seq_lens)
 
 
@@ -187,14 +187,16 @@ def test_prefix_load_loops_past_the_widest_width():
     variant = (0, len(kda_metadata_kernel._PREFIX_WIDTHS))
     seq_lens = batch_selecting(variant, loops=True)
     assert len(seq_lens) > 2 * kda_metadata_kernel._PREFIX_WIDTHS[-1]
-    assert kda_metadata.select_variant(len(seq_lens), 4) == variant
+    assert kda_metadata_launch.select_variant(len(seq_lens), 4) == variant
     assert_matches_reference(seq_lens)
 
 
 def test_every_variant_is_reachable_and_no_other_exists():
-    assert sorted(kda_metadata.reachable_variants(1 << 20, 1 << 30)) == ALL_VARIANTS
+    assert (
+        sorted(kda_metadata_launch.reachable_variants(1 << 20, 1 << 30)) == ALL_VARIANTS
+    )
     selected = {
-        kda_metadata.select_variant(num_seqs, most_chunks)
+        kda_metadata_launch.select_variant(num_seqs, most_chunks)
         for num_seqs in range(1, 4000, 7)
         for most_chunks in range(0, 600, 3)
     }
@@ -212,18 +214,20 @@ def test_warm_up_covers_every_batch_within_the_limits(
 ):
     """Whatever batch the scheduler can form under its limits runs a variant
     the warm-up made: no compile after the builder is constructed."""
-    reachable = kda_metadata.reachable_variants(max_num_seqs, max_num_batched_tokens)
+    reachable = kda_metadata_launch.reachable_variants(
+        max_num_seqs, max_num_batched_tokens
+    )
     num_seqs = data.draw(st.integers(1, max_num_seqs))
     longest = data.draw(st.integers(0, max_num_batched_tokens))
-    variant = kda_metadata.select_variant(num_seqs, -(-longest // 64))
+    variant = kda_metadata_launch.select_variant(num_seqs, -(-longest // 64))
     assert variant in reachable
 
 
 def test_recipe_limits_reach_few_variants():
     # Kimi-K3's AMD recipe: --max-num-seqs 128 --max-num-batched-tokens 4096.
-    assert kda_metadata.reachable_variants(128, 4096) == [(0, 0), (1, 0), (2, 0)]
-    assert kda_metadata.reachable_variants(128, 256) == [(0, 0)]
-    assert kda_metadata.reachable_variants(129, 2048) == [
+    assert kda_metadata_launch.reachable_variants(128, 4096) == [(0, 0), (1, 0), (2, 0)]
+    assert kda_metadata_launch.reachable_variants(128, 256) == [(0, 0)]
+    assert kda_metadata_launch.reachable_variants(129, 2048) == [
         (0, 0),
         (0, 1),
         (1, 0),
@@ -232,7 +236,7 @@ def test_recipe_limits_reach_few_variants():
 
 
 def test_warm_up_prepares_each_reachable_variant_once():
-    first = kda_metadata.warm_up_chunk_metadata(300, 1 << 16, "cpu")
-    assert first.variants == tuple(kda_metadata.reachable_variants(300, 1 << 16))
-    again = kda_metadata.warm_up_chunk_metadata(300, 1 << 16, "cpu")
+    first = kda_metadata_launch.warm_up_chunk_metadata(300, 1 << 16, "cpu")
+    assert first.variants == tuple(kda_metadata_launch.reachable_variants(300, 1 << 16))
+    again = kda_metadata_launch.warm_up_chunk_metadata(300, 1 << 16, "cpu")
     assert again.variants == first.variants and again.prepared == 0

@@ -132,7 +132,7 @@ def test_kimi_metadata_leaves_the_decodes_out(builders):
 def test_kimi_builder_warms_up_every_reachable_variant_at_construction(builders):
     """The builder is constructed before the server is ready: every kernel
     variant its scheduler limits can reach is made then, never in a step."""
-    import vllm.models.kimi_k3.amd.kda_metadata as kernel
+    import vllm.models.kimi_k3.amd.kda_metadata_kernel as kernel
 
     for made in builders.values():
         builder = made["kimi"]

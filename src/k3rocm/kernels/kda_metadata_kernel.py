@@ -2,10 +2,10 @@
 # Added by the kimi-k3-rocm patch series (not part of upstream vLLM 0.27.1).
 # Generated from kimi-k3-rocm's src/k3rocm/kernels/kda_metadata_kernel.py by
 # `k3rocm patchgen`: edit that file, not this one.
-"""The device side of the stall-free KDA chunk metadata (kda_metadata.py
-launches it): one Triton kernel that writes ``chunk_indices`` and
-``chunk_offsets`` from a device ``cu_seqlens``, and its fixed set of
-compiled variants.
+"""The device side of the stall-free KDA chunk metadata
+(kda_metadata_launch.py launches it): one Triton kernel that writes
+``chunk_indices`` and ``chunk_offsets`` from a device ``cu_seqlens``, and
+its fixed set of compiled variants.
 
 A variant is a tile shape and a prefix-load width. The sequence count is not
 specialized and the outputs' alignment never depends on it, so the set is

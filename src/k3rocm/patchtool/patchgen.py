@@ -1,8 +1,9 @@
 """Generate the series' patches that only add a file from that file's source.
 
-Patch 0002 adds two whole modules to vLLM: the device chunk-metadata
-kernel (``kda_metadata_kernel.py``) and its launcher, builder and backend
-(``kda_metadata.py``); patch 0005 adds the precompiled KDA launches
+Patch 0002 adds three whole modules to vLLM: the device chunk-metadata
+kernel (``kda_metadata_kernel.py``), its host side (``kda_metadata_launch.py``:
+the compiled launches, their warm-up and the call a step makes) and the
+builder and backend (``kda_metadata.py``); patch 0005 adds the precompiled KDA launches
 (``kda_chunk_launch.py``, which the other patches import, and the modules
 it re-exports from, one job each). Their code lives in this repository as
 real, linted source files under ``src/k3rocm/kernels/``, and the patch is
@@ -75,7 +76,11 @@ GENERATED = (
                 source=f"src/k3rocm/kernels/{name}",
                 target=f"vllm/models/kimi_k3/amd/{name}",
             )
-            for name in ("kda_metadata_kernel.py", "kda_metadata.py")
+            for name in (
+                "kda_metadata_kernel.py",
+                "kda_metadata_launch.py",
+                "kda_metadata.py",
+            )
         ),
     ),
     GeneratedPatch(

@@ -104,7 +104,9 @@ def run_step(x: dict, chunk_calls: int = 2) -> list[tuple]:
     """(outputs [1, T, H, V], pool after the step) of each chunk call's
     version of the step, through the kernels as the layer calls them."""
     import torch
-    from vllm.models.kimi_k3.amd.kda_metadata import prepare_chunk_metadata_device
+    from vllm.models.kimi_k3.amd.kda_metadata_launch import (
+        prepare_chunk_metadata_device,
+    )
     from vllm.models.kimi_k3.amd.ops.third_party.kda import (
         chunk_kda_with_fused_gate,
         fused_recurrent_kda,

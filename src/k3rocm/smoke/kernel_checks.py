@@ -86,7 +86,9 @@ def check_kernel_battery(stage: Stage, device: str | None) -> bool:
             Verdict.SKIP,
             "no GPU, and TRITON_INTERPRET is not 1: nowhere to run the kernel",
         )
-    from vllm.models.kimi_k3.amd.kda_metadata import prepare_chunk_metadata_device
+    from vllm.models.kimi_k3.amd.kda_metadata_launch import (
+        prepare_chunk_metadata_device,
+    )
 
     mismatches = compare_with_reference(prepare_chunk_metadata_device, device)
     if mismatches:
@@ -139,7 +141,9 @@ def check_no_sync(stage: Stage, device: str | None) -> bool:
             Verdict.SKIP,
             "no GPU: torch.cuda.set_sync_debug_mode needs a device",
         )
-    from vllm.models.kimi_k3.amd.kda_metadata import prepare_chunk_metadata_device
+    from vllm.models.kimi_k3.amd.kda_metadata_launch import (
+        prepare_chunk_metadata_device,
+    )
     from vllm.third_party.flash_linear_attention.ops.index import (
         prepare_chunk_indices,
     )
