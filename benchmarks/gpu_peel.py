@@ -47,7 +47,6 @@ import random
 import statistics
 import sys
 import time
-import tomllib
 import traceback
 from pathlib import Path
 
@@ -74,12 +73,15 @@ from vllm.models.kimi_k3.amd.ops.third_party.kda import (  # noqa: E402
     kda_direct_launch,
 )
 
+from k3rocm.patchtool.lines import default_line_dir  # noqa: E402
+from k3rocm.patchtool.series import Series  # noqa: E402
+
 metadata = gkl.metadata
 ROUNDS = gb.ROUNDS
 # k3.5 (no peel) and k3.6 (its launch module read from git by gpu_bundle.py)
 # against the series as it stands, named by its revision.
 BEFORE, PREVIOUS = "k3.5", "k3.6"
-AFTER = tomllib.loads((REPO / "patches" / "series.toml").read_text())["revision"]
+AFTER = Series(default_line_dir(REPO / "patches")).revision
 # The step model's other side: k3.5, or with K3_PEEL_BEFORE=0.27.1 vLLM
 # 0.27.1's layer (the builder's host metadata and its copy, then each KDA
 # call building its own metadata with a device sync, as gpu_bench.py's).

@@ -1,5 +1,5 @@
 """The target vLLM release's names live in k3rocm.common.vllm_release alone:
-its version is the series' target (patches/series.toml, read here without
+its version is the default line's target (patches/, read here without
 vLLM), and no other module spells one of its names again. The names
 themselves are checked against the real vLLM where vLLM runs (the routes
 by test_api_access's walk, the flags by the launcher's goldens parsed by
@@ -19,7 +19,9 @@ PACKAGE = REPO / "src" / "k3rocm"
 
 
 def test_the_target_is_the_series_target():
-    manifest = tomllib.loads((REPO / "patches" / "series.toml").read_text())
+    lines = tomllib.loads((REPO / "patches" / "lines.toml").read_text())
+    line = REPO / "patches" / lines["default"]
+    manifest = tomllib.loads((line / "series.toml").read_text())
     assert TARGET_VERSION == manifest["target"]["vllm_version"]
     assert TARGET.version == TARGET_VERSION
     assert all(release.version == version for version, release in RELEASES.items())

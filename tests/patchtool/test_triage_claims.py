@@ -1,4 +1,4 @@
-"""Claims about vLLM 0.27.1 that decisions of patches/upstream-triage.toml
+"""Claims about vLLM 0.27.1 that decisions of patches/0.27.1/upstream-triage.toml
 rest on, read from the patched 0.27.1 tree the suite builds (the syntax trees
 only: nothing is imported or run). Each test names the triage entry whose
 reason cites it; if a test fails, that decision must be made again."""
@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from support.vllm_trees import patched_tree
+
+from k3rocm.patchtool.lines import default_line_dir
 
 GDN_ATTN = "vllm/v1/attention/backends/gdn_attn.py"
 BASE_BUILDER = "vllm/v1/attention/backend.py"
@@ -262,7 +264,7 @@ def test_every_test_a_triage_reason_cites_exists():
     """A reason that rests on a test names it as tests/...::name[case]; the
     file, the function and (for this file's cases) the case must exist."""
     repo = Path(__file__).resolve().parents[2]
-    text = (repo / "patches" / "upstream-triage.toml").read_text()
+    text = (default_line_dir(repo / "patches") / "upstream-triage.toml").read_text()
     cited = CITED.findall(text.replace("\\\n", ""))
     assert cited
     for path, name, case in cited:

@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 from support.vllm_trees import REPO, installed_root
 
 from k3rocm.patchtool import unified_diff
+from k3rocm.patchtool.lines import default_line_dir
 from k3rocm.patchtool.series import Series
 
-SERIES = Series(REPO / "patches")
+SERIES = Series(default_line_dir(REPO / "patches"))
 ROOT = installed_root()
 
 

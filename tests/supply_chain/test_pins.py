@@ -13,11 +13,12 @@ from pathlib import Path
 
 import yaml
 
+from k3rocm.patchtool.lines import default_line_dir
 from k3rocm.patchtool.series import Series
 from k3rocm.supply_chain.pins import PINS, main, stale_pins, write_pins
 
 REPO = Path(__file__).resolve().parents[2]
-SERIES = Series(REPO / "patches")
+SERIES = Series(default_line_dir(REPO / "patches"))
 PINNED_FILES = sorted({pin.path for pin in PINS})
 TAG = f"{SERIES.vllm_version}-rocm7.2-{SERIES.revision}"
 
@@ -29,7 +30,7 @@ def pinned_copy(tmp_path: Path, old: str = "", new: str = "") -> Path:
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / path, tmp_path / path)
     shutil.copytree(REPO / "patches", tmp_path / "patches")
-    manifest = tmp_path / "patches" / "series.toml"
+    manifest = default_line_dir(tmp_path / "patches") / "series.toml"
     text = manifest.read_text()
     assert text.count(old) >= 1
     manifest.write_text(text.replace(old, new, 1))
@@ -73,7 +74,7 @@ def test_a_new_revision_is_written_everywhere(tmp_path):
     repo = pinned_copy(
         tmp_path, f'revision = "{SERIES.revision}"', 'revision = "k3.99"'
     )
-    series = Series(repo / "patches")
+    series = Series(default_line_dir(repo / "patches"))
     stale = stale_pins(series, repo)
     assert stale and all(s.found is not None for s in stale)
     assert {s.pin.path for s in stale} == {
@@ -119,7 +120,7 @@ def test_a_pin_whose_place_is_gone_is_named(tmp_path, capsys):
     repo = pinned_copy(tmp_path)
     kustomization = repo / "deploy/kubernetes/components/image/kustomization.yaml"
     kustomization.write_text(kustomization.read_text().replace("newTag:", "tag:"))
-    assert write_pins(Series(repo / "patches"), repo)[0].found is None
+    assert write_pins(Series(default_line_dir(repo / "patches")), repo)[0].found is None
     assert main(["--check", "--repo", str(repo)]) == 1
     assert "the pods' image tag is no longer where" in capsys.readouterr().err
 

@@ -17,12 +17,13 @@ from support.docker_images import docker
 from support.registry import build_image_push, registry_digest
 from support.vllm_trees import REPO
 
+from k3rocm.patchtool.lines import default_line_dir
 from k3rocm.patchtool.series import Series
 from k3rocm.supply_chain.image import image_tag
 from k3rocm.supply_chain.sbom import missing_pins, pinned
 
 pytestmark = pytest.mark.docker
-SERIES = Series(REPO / "patches")
+SERIES = Series(default_line_dir(REPO / "patches"))
 
 
 def image_file(image: str, path: str) -> str:
@@ -66,7 +67,7 @@ def test_inspect_by_digest_reads_the_image_without_running_it(pushed_image):
     assert any(pushed_image["digest"] in line for line in lines if "digests:" in line)
     patches = [line for line in lines if line.startswith("  patches/")]
     assert [line.split()[0] for line in patches] == [
-        f"patches/{path.name}" for path in SERIES.patches
+        f"patches/{SERIES.directory.name}/{path.name}" for path in SERIES.patches
     ]
 
 

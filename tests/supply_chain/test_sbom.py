@@ -1,7 +1,7 @@
 """The image's SBOM (k3rocm.supply_chain.sbom): CycloneDX 1.6 that
 cyclonedx-python-lib's own schema accepts, the patched vLLM with each patch
 of the series in its pedigree (backports and their pull requests from
-patches/upstream-triage.toml), OS packages from dpkg, and the pins it must
+patches/0.27.1/upstream-triage.toml), OS packages from dpkg, and the pins it must
 list. The SBOM inside
 the built image is checked in test_registry_docker.py."""
 
@@ -16,11 +16,12 @@ from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from support.vllm_trees import REPO
 
+from k3rocm.patchtool.lines import default_line_dir
 from k3rocm.patchtool.series import Series
 from k3rocm.patchtool.triage_file import TriageError
 from k3rocm.supply_chain import sbom
 
-SERIES = Series(REPO / "patches")
+SERIES = Series(default_line_dir(REPO / "patches"))
 PINS = REPO / "docker" / "requirements.txt"
 
 
@@ -53,7 +54,7 @@ def test_the_patched_vllm_carries_every_patch_of_the_series_in_order():
     assert vllm["version"].startswith(SERIES.vllm_version)
     patches = vllm["pedigree"]["patches"]
     assert [p["diff"]["url"] for p in patches] == [
-        f"patches/{path.name}" for path in SERIES.patches
+        f"patches/{SERIES.directory.name}/{path.name}" for path in SERIES.patches
     ]
     assert [p["diff"]["text"]["content"] for p in patches] == [
         path.read_text() for path in SERIES.patches
@@ -64,11 +65,11 @@ def test_the_patched_vllm_carries_every_patch_of_the_series_in_order():
 
 
 def test_patches_a_backported_triage_entry_names_are_backports(tmp_path):
-    """patches/upstream-triage.toml types a patch backport, with every pull
+    """patches/0.27.1/upstream-triage.toml types a patch backport, with every pull
     request whose backported entry names it; the rest are the distribution's
     own (unofficial)."""
-    copy = tmp_path / "patches"
-    shutil.copytree(REPO / "patches", copy)
+    copy = tmp_path / SERIES.directory.name
+    shutil.copytree(SERIES.directory, copy)
     first, second, *rest = SERIES.patches
     triage = (copy / "upstream-triage.toml").read_text()
     # Keep the file's head (releases, watch), replace its entries by two
@@ -99,8 +100,8 @@ def test_patches_a_backported_triage_entry_names_are_backports(tmp_path):
 
 
 def test_the_sbom_build_step_refuses_a_series_without_its_triage(tmp_path, capsys):
-    copy = tmp_path / "patches"
-    shutil.copytree(REPO / "patches", copy)
+    copy = tmp_path / SERIES.directory.name
+    shutil.copytree(SERIES.directory, copy)
     (copy / "upstream-triage.toml").unlink()
     with pytest.raises(TriageError, match="no triage file"):
         sbom.bom(Series(copy), None)
@@ -115,7 +116,7 @@ def test_the_shipped_series_backports_its_upstream_pull_requests():
     The same origins as the patch headers say."""
     patches = patched_component(sbom.bom(SERIES, None))["pedigree"]["patches"]
     origins = {
-        p["diff"]["url"].removeprefix("patches/"): [r["id"] for r in p["resolves"]]
+        p["diff"]["url"].rsplit("/", 1)[-1]: [r["id"] for r in p["resolves"]]
         for p in patches
         if p["type"] == "backport"
     }

@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from k3rocm.patchtool.series import Series, default_series_dir
+from k3rocm.patchtool.lines import default_series_dir
+from k3rocm.patchtool.series import Series
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache"

@@ -105,7 +105,7 @@ COMMANDS = (
         "k3rocm.patchtool.triage",
         DEVELOPER,
         "What newer vLLM releases change in the files the series touches, "
-        "and which changes patches/upstream-triage.toml does not cover.",
+        "and which changes patches/0.27.1/upstream-triage.toml does not cover.",
     ),
     Command(
         "accept",

@@ -5,7 +5,7 @@ wings read TARGET; moving
 the series to another vLLM is `patches/` plus an entry here (and
 `k3rocm pins --write`: docs/patch-series.md, "Upgrading vLLM").
 tests/common/test_vllm_release.py holds TARGET_VERSION to
-patches/series.toml; the tests that run vLLM check each name against it.
+patches/0.27.1/series.toml; the tests that run vLLM check each name against it.
 """
 
 from __future__ import annotations

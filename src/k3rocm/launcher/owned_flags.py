@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from k3rocm.common.setting_table import LAUNCHER_SETTINGS
 from k3rocm.launcher.messages import label, shown
-from k3rocm.patchtool.series import shipped_series
+from k3rocm.patchtool.lines import shipped_series
 
 # The owned flags' vLLM 0.27.1 spellings (each setting's row lists its
 # own), for when there is no vLLM to ask. --middleware is not owned: the

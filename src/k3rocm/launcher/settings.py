@@ -31,7 +31,7 @@ from k3rocm.launcher.layout import check_layout
 from k3rocm.launcher.messages import InvalidSettings, label, shown
 from k3rocm.launcher.owned_flags import owned_flag_problems
 from k3rocm.launcher.resolver import Resolver
-from k3rocm.patchtool.series import shipped_series
+from k3rocm.patchtool.lines import shipped_series
 
 __all__ = [
     "InvalidSettings",

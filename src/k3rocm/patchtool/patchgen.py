@@ -53,23 +53,30 @@ class GeneratedFile:
 
 @dataclass(frozen=True)
 class GeneratedPatch:
-    patch: str  # file name under patches/
+    line: str  # the release line (its folder under patches/)
+    patch: str  # the patch's file name in that folder
     files: tuple[GeneratedFile, ...]  # created in this order
+
+    @property
+    def path(self) -> str:
+        """The patch file, relative to the repository."""
+        return f"patches/{self.line}/{self.patch}"
 
     def render(self, repo: Path = REPO) -> bytes:
         """The patch file's bytes: its description, then one diff per file."""
         return self.description(repo) + b"".join(f.diff(repo) for f in self.files)
 
     def description(self, repo: Path = REPO) -> bytes:
-        current = (repo / "patches" / self.patch).read_bytes()
+        current = (repo / self.path).read_bytes()
         cut = current.find(b"\n--- ")
         if current.startswith(b"--- ") or cut < 0:
-            raise ValueError(f"patches/{self.patch} has no description")
+            raise ValueError(f"{self.path} has no description")
         return current[: cut + 1]
 
 
 GENERATED = (
     GeneratedPatch(
+        line="0.27.1",
         patch="0002-kimi-k3-rocm-kda-backend.patch",
         files=tuple(
             GeneratedFile(
@@ -84,6 +91,7 @@ GENERATED = (
         ),
     ),
     GeneratedPatch(
+        line="0.27.1",
         patch="0005-amd-kda-chunk-launch-module.patch",
         # The facade first (its docstring maps the rest), then the modules in
         # the order they build on each other.
@@ -108,11 +116,7 @@ GENERATED = (
 
 def stale(repo: Path = REPO) -> list[str]:
     """Generated patches whose committed bytes differ from their source's."""
-    return [
-        p.patch
-        for p in GENERATED
-        if (repo / "patches" / p.patch).read_bytes() != p.render(repo)
-    ]
+    return [p.path for p in GENERATED if (repo / p.path).read_bytes() != p.render(repo)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,14 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out_of_date = stale(args.repo)
     if args.check:
-        for name in out_of_date:
-            log(f"patches/{name} is out of date with its source; run: k3rocm patchgen")
+        for path in out_of_date:
+            log(f"{path} is out of date with its source; run: k3rocm patchgen")
         return 1 if out_of_date else 0
     for p in GENERATED:
-        if p.patch in out_of_date:
-            (args.repo / "patches" / p.patch).write_bytes(p.render(args.repo))
+        if p.path in out_of_date:
+            (args.repo / p.path).write_bytes(p.render(args.repo))
             sources = ", ".join(f.source for f in p.files)
-            print(f"wrote patches/{p.patch} from {sources}")
+            print(f"wrote {p.path} from {sources}")
     return 0
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from k3rocm.common.states import PatchState
 from k3rocm.patchtool import unified_diff
 from k3rocm.patchtool.journal import locked_and_recovered, pending_journal, write_files
+from k3rocm.patchtool.lines import version_key
 from k3rocm.patchtool.lock import Refusal
 from k3rocm.patchtool.marker import build_marker, read_marker
 from k3rocm.patchtool.series import MARKER_NAME, Series
@@ -48,10 +49,6 @@ class TreeState:
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
 
 
 def find_installed_target() -> Path:
@@ -84,7 +81,7 @@ def read_vllm_version(target: Path) -> str:
 
 def inspect(target: Path, series: Series) -> TreeState:
     """Classify a tree, refusing anything the series must not touch."""
-    _require_vllm_package(target)
+    require_vllm_package(target)
     journal = pending_journal(target)
     if journal is not None:
         raise Refusal(
@@ -108,7 +105,7 @@ def inspect(target: Path, series: Series) -> TreeState:
         state.state = PatchState.APPLIED
         return state
     if version != series.vllm_version:
-        if _version_key(version) >= _version_key(series.upstream_since):
+        if version_key(version) >= version_key(series.upstream_since):
             state.state = PatchState.UPSTREAM
             return state
         raise Refusal(
@@ -127,7 +124,7 @@ def inspect(target: Path, series: Series) -> TreeState:
     return state
 
 
-def _require_vllm_package(target: Path) -> None:
+def require_vllm_package(target: Path) -> None:
     if not (target / "vllm" / "__init__.py").is_file():
         raise Refusal(f"{target} holds no vllm/ package (no vllm/__init__.py)")
 
@@ -155,7 +152,7 @@ def _session(
     """The tree's lock, taken only once the target is known to be a vLLM tree
     (no lock file is left in a directory that is not one) whose written
     directories all lie inside it."""
-    _require_vllm_package(target)
+    require_vllm_package(target)
     _require_inside(target, [*series.touched_files, f"vllm/{MARKER_NAME}"])
     return locked_and_recovered(target, must_write, lock_timeout, on_wait)
 

@@ -1,4 +1,6 @@
-"""Apply, check and report the kimi-k3-rocm patch series on a vLLM tree.
+"""Apply, check and report the kimi-k3-rocm patch series on a vLLM tree: the
+series of the release line for the tree's vLLM version (patches/<version>/,
+k3rocm.patchtool.lines), or the one --series names.
 
     python -m k3rocm.patchtool.patchset {check,apply,status} --target DIR [--json]
 
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from k3rocm.common.line_log import line_logger
 from k3rocm.common.states import PatchState
+from k3rocm.patchtool.lines import line_for_version
 from k3rocm.patchtool.lock import Refusal
 from k3rocm.patchtool.patching import (
     DEFAULT_LOCK_TIMEOUT,
@@ -28,9 +31,11 @@ from k3rocm.patchtool.patching import (
     apply,
     check,
     find_installed_target,
+    read_vllm_version,
+    require_vllm_package,
     status,
 )
-from k3rocm.patchtool.series import Series, SeriesError, default_series_dir
+from k3rocm.patchtool.series import Series, SeriesError
 
 EXIT_OK, EXIT_REFUSED, EXIT_UPSTREAM = 0, 1, 3
 
@@ -67,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--series",
         type=Path,
-        help="series directory (default: the one shipped with k3rocm)",
+        help="series directory (default: the release line of the target's vLLM)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(
@@ -85,8 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     try:
-        series = Series(args.series or default_series_dir())
         target = (args.target or find_installed_target()).resolve()
+        if args.series:
+            series = Series(args.series)
+        else:
+            require_vllm_package(target)
+            series = line_for_version(read_vllm_version(target))
         action = {"check": check, "apply": apply, "status": status}[args.command]
         state = action(target, series, args.lock_timeout, say_waiting)
     except AlreadyUpstream as err:

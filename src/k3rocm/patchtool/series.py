@@ -1,4 +1,5 @@
-"""The patch series as data: manifest, patch files, identity.
+"""A patch series as data: manifest, patch files, identity (one per
+release line: k3rocm.patchtool.lines finds them).
 
 Shared by the patch tool, the smoke test and the metrics plugin, so all
 three name the series the same way.
@@ -10,20 +11,11 @@ import hashlib
 import re
 import tomllib
 from dataclasses import dataclass
-from functools import cache, cached_property
-from importlib import resources
+from functools import cached_property
 from pathlib import Path
 
 MARKER_NAME = ".k3rocm-patchset.json"
 _NEW_FILE_RE = re.compile(r"^\+\+\+ b/(\S+)", re.MULTILINE)
-
-
-def default_series_dir() -> Path:
-    """The series shipped with this package (wheel) or this checkout (editable)."""
-    packaged = Path(str(resources.files("k3rocm"))) / "patches"
-    if (packaged / "series.toml").is_file():
-        return packaged
-    return Path(__file__).resolve().parents[3] / "patches"
 
 
 @dataclass(frozen=True)
@@ -90,13 +82,6 @@ class Series:
     def series_id(self) -> str:
         """What the marker, the smoke test and the metrics report."""
         return f"{self.revision}+{self.sha256[:12]}"
-
-
-@cache
-def shipped_series() -> Series:
-    """The series this k3rocm carries: its vLLM version is the one every
-    build, message and check names."""
-    return Series(default_series_dir())
 
 
 class SeriesError(Exception):

@@ -12,7 +12,7 @@ it binds) and the rest of the module (``<module>``: imports, ``if``/``try``
 blocks). Two units are the same when their syntax trees are, docstrings
 left out: comments, formatting and docstrings do not count as changes.
 
-``patches/upstream-triage.toml`` holds one entry per upstream change to
+``patches/0.27.1/upstream-triage.toml`` holds one entry per upstream change to
 the watched files (its pull request, the first release containing it, its
 kind, the units it changes and the decision). A unit that changes in the
 step ``(previous, release]`` is covered by an entry of a release in that
@@ -30,9 +30,10 @@ import sys
 from pathlib import Path
 
 from k3rocm.common.line_log import line_logger
+from k3rocm.patchtool.lines import default_series_dir
 from k3rocm.patchtool.lock import Refusal
 from k3rocm.patchtool.patching import find_installed_target
-from k3rocm.patchtool.series import Series, default_series_dir
+from k3rocm.patchtool.series import Series
 from k3rocm.patchtool.triage_file import (
     TRIAGE_NAME,
     Triage,

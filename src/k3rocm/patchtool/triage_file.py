@@ -1,4 +1,4 @@
-"""The upstream triage file (``patches/upstream-triage.toml``), read and
+"""The upstream triage file (``patches/0.27.1/upstream-triage.toml``), read and
 checked: the pinned releases, the watched files and one entry per upstream
 change to them (its pull request, first release, kind, the units it changes
 and the decision). The triage command checks release diffs against it; the
@@ -13,7 +13,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3rocm.patchtool.series import Series, SeriesError, default_series_dir
+from k3rocm.patchtool.lines import default_series_dir
+from k3rocm.patchtool.series import Series, SeriesError
 
 TRIAGE_NAME = "upstream-triage.toml"
 KINDS = ("fix", "performance", "feature", "refactor")

@@ -23,9 +23,10 @@ from k3rocm.common.metric_names import BUILD_INFO
 from k3rocm.common.setting_kinds import SettingError
 from k3rocm.common.setting_table import IMAGE_TAG, KDA_METADATA
 from k3rocm.common.states import PatchState
+from k3rocm.patchtool.lines import default_series_dir
 from k3rocm.patchtool.lock import Refusal
 from k3rocm.patchtool.patching import find_installed_target, inspect
-from k3rocm.patchtool.series import MARKER_NAME, Series, SeriesError, default_series_dir
+from k3rocm.patchtool.series import MARKER_NAME, Series, SeriesError
 from k3rocm.supply_chain.rocm import (
     DEFAULT_ROCM_ROOT,
     RocmVersionError,

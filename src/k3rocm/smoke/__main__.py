@@ -12,7 +12,8 @@ from k3rocm.common.line_log import line_logger
 from k3rocm.common.node import headless_node
 from k3rocm.common.smoke_report import Report, Stage, write_mark
 from k3rocm.common.states import FailurePolicy, Verdict
-from k3rocm.patchtool.series import Series, default_series_dir
+from k3rocm.patchtool.lines import default_series_dir
+from k3rocm.patchtool.series import Series
 from k3rocm.smoke.headless import run_headless_stage2
 from k3rocm.smoke.policy import finish
 from k3rocm.smoke.settings import Settings

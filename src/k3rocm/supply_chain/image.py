@@ -25,8 +25,9 @@ from pathlib import Path
 from k3rocm.common.line_log import line_logger
 from k3rocm.common.states import PatchState
 from k3rocm.patchtool import patching
+from k3rocm.patchtool.lines import default_series_dir, shipped_series
 from k3rocm.patchtool.lock import Refusal
-from k3rocm.patchtool.series import Series, default_series_dir, shipped_series
+from k3rocm.patchtool.series import Series
 from k3rocm.supply_chain.rocm import (
     DEFAULT_ROCM_ROOT,
     RocmVersionError,
@@ -34,7 +35,7 @@ from k3rocm.supply_chain.rocm import (
 )
 
 # The base image the series is verified against (vLLM's ROCm image of the
-# series' vLLM version, patches/series.toml), and the ROCm release in it.
+# series' vLLM version, patches/0.27.1/series.toml), and the ROCm release in it.
 # scripts/build-image uses these; docker/Dockerfile's defaults for builds
 # without build arguments (compose) cannot be computed, so the tests hold
 # them equal.

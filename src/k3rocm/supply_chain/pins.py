@@ -1,5 +1,5 @@
 """The pins an operator's result depends on, written from their one source:
-the series (patches/series.toml: its vLLM version, revision and id) and the
+the series (patches/0.27.1/series.toml: its vLLM version, revision and id) and the
 image's ROCm release (k3rocm.supply_chain.image). Compose's default image and
 build arguments, the env example, the kustomize image component, the
 Dockerfile's defaults and the tag the README and docs show are copies of
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3rocm.common.line_log import line_logger
+from k3rocm.patchtool.lines import default_line_dir
 from k3rocm.patchtool.series import Series, SeriesError
 from k3rocm.supply_chain.image import ROCM_VERSION, base_image, image_tag
 
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repo", type=Path, default=REPO, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
-        series = Series(args.repo / "patches")
+        series = Series(default_line_dir(args.repo / "patches"))
         if args.write:
             before = len(stale_pins(series, args.repo))
             left = write_pins(series, args.repo)

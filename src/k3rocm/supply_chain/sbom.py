@@ -7,7 +7,7 @@ Components: every Python distribution of the interpreter that runs this
 patched vLLM carries its pedigree: each patch of the series with its diff,
 typed ``backport`` where it backports upstream pull requests (every pull
 request it carries, from the backported entries of
-patches/upstream-triage.toml, the one home of the series' origins) and
+patches/0.27.1/upstream-triage.toml, the one home of the series' origins) and
 ``unofficial`` where it is this distribution's own. A scanner reads it with
 ``trivy sbom FILE`` or ``grype sbom:FILE``.
 """
@@ -26,7 +26,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 from k3rocm.common.line_log import line_logger
-from k3rocm.patchtool.series import Series, default_series_dir
+from k3rocm.patchtool.lines import default_series_dir
+from k3rocm.patchtool.series import Series
 from k3rocm.patchtool.triage_file import TRIAGE_NAME, Entry, TriageError, load_triage
 
 log = line_logger("k3rocm.supply_chain.sbom")
@@ -129,7 +130,7 @@ def patch_pedigree(series: Series) -> dict:
             "diff": {
                 "text": {"contentType": "text/x-diff", "content": path.read_text()},
                 # Where it lives in the distribution's source (a relative IRI).
-                "url": f"patches/{path.name}",
+                "url": f"patches/{series.directory.name}/{path.name}",
             },
         }
         if origins:

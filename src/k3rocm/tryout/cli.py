@@ -44,7 +44,7 @@ from pathlib import Path
 
 from k3rocm.common.line_log import line_logger
 from k3rocm.common.setting_table import MODEL, STOP_GRACE_SECONDS
-from k3rocm.patchtool.series import shipped_series
+from k3rocm.patchtool.lines import shipped_series
 from k3rocm.supply_chain.image import image_tag
 from k3rocm.tryout.cpu import CPU_SETTINGS, SERVER, SERVICES
 from k3rocm.tryout.monitoring import (
