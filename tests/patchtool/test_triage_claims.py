@@ -247,7 +247,8 @@ def test_kimi_k3_runs_the_v1_model_runner_on_rocm(tree):
     """Triage entries (0.31.0, 0.34.0) on the GDN builder's model runner V2
     paths: 0.27.1 has the V2 runner, but on ROCm Kimi-K3 defaults to V1 (the
     V2 runner faults in its profile run) and the distribution never sets
-    VLLM_USE_V2_MODEL_RUNNER, so the builder's V2-only paths are not reached."""
+    VLLM_USE_V2_MODEL_RUNNER: without dspark (the next test), the builder's
+    V2-only paths are not reached."""
     excluded = assigned_strings(
         module(tree, "vllm/config/vllm.py"),
         "ROCM_EXCLUDED_V2_MODEL_RUNNER_ARCHITECTURES",
@@ -255,6 +256,33 @@ def test_kimi_k3_runs_the_v1_model_runner_on_rocm(tree):
     assert "KimiK3ForConditionalGeneration" in excluded
     repo = Path(__file__).resolve().parents[2]
     assert files_setting(repo, "VLLM_USE_V2_MODEL_RUNNER") == []
+
+
+def test_dspark_forces_the_v2_model_runner_even_for_kimi_k3_on_rocm(tree):
+    """Triage entries (0.31.0, 0.34.0) on the V2 builder paths: 0.27.1's
+    VllmConfig.use_v2_model_runner returns True for a dspark speculative
+    config before it reaches the architectures that default to V1 on ROCm,
+    so the dspark feature serves Kimi-K3 on model runner V2."""
+    config = top_class(module(tree, "vllm/config/vllm.py"), "VllmConfig")
+    choice = method(config, "use_v2_model_runner")
+    forced = [
+        node.lineno
+        for node in ast.walk(choice)
+        if isinstance(node, ast.If)
+        and "dspark" in ast.unparse(node.test)
+        and any(
+            isinstance(stmt, ast.Return) and ast.unparse(stmt.value) == "True"
+            for stmt in node.body
+        )
+    ]
+    by_architecture = [
+        node.lineno
+        for node in ast.walk(choice)
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func).endswith("_is_default_v2_model_runner_model")
+    ]
+    assert forced and by_architecture
+    assert min(forced) < min(by_architecture)
 
 
 CITED = re.compile(r"(tests/[\w/]+\.py)::(\w+)(?:\[([\w.-]+)\])?")
