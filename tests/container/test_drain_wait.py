@@ -21,8 +21,8 @@ TIMEOUT = 0.3
 
 class ScriptedMetrics:
     """/metrics answering each scrape as the script says: a number is the
-    in-flight gauge, "slow" is a gauge of 1 sent after SLOW_SECONDS; the last
-    entry repeats."""
+    in-flight gauge, "slow" is a gauge of 1 sent after SLOW_SECONDS, any other
+    text is the answer as it stands; the last entry repeats."""
 
     def __init__(self, script: list):
         self.script, self.scrapes = list(script), 0
@@ -35,7 +35,10 @@ class ScriptedMetrics:
                 if step == "slow":
                     time.sleep(SLOW_SECONDS)
                     step = 1
-                body = f'{API_IN_FLIGHT}{{pid="7"}} {step}.0\n'.encode()
+                if isinstance(step, str):
+                    body = step.encode()
+                else:
+                    body = f'{API_IN_FLIGHT}{{pid="7"}} {step}.0\n'.encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -159,3 +162,27 @@ def test_a_connection_never_taken_is_busy_too():
         finally:
             for client in queued:
                 client.close()
+
+
+@pytest.mark.parametrize(
+    "metrics",
+    [
+        [
+            f"# TYPE {API_IN_FLIGHT} gauge\n"
+            f'{API_IN_FLIGHT}{{pid="7"}} 2.0 1700000000000\n'
+            f'{API_IN_FLIGHT}{{pid="8"}} 1.0\n'
+        ]
+    ],
+    indirect=True,
+)
+def test_the_count_is_read_as_prometheus_reads_it(metrics):
+    """One reader for the drain and the watchdog (k3rocm.common.metrics_text):
+    a sample's timestamp is not its value."""
+    assert requests_in_flight(metrics.url, TIMEOUT) == 3.0
+
+
+@pytest.mark.parametrize(
+    "metrics", [["this is not the metrics format {\n"]], indirect=True
+)
+def test_an_answer_that_is_not_metrics_gives_no_count(metrics):
+    assert requests_in_flight(metrics.url, TIMEOUT) is None

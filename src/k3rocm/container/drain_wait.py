@@ -10,6 +10,7 @@ import urllib.request
 from collections.abc import Callable
 
 from k3rocm.common.metric_names import API_IN_FLIGHT
+from k3rocm.common.metrics_text import sample_total
 
 
 class MetricsBusy(Exception):
@@ -31,14 +32,10 @@ def requests_in_flight(metrics_url: str, timeout: float = 5) -> float | None:
                 f"/metrics did not answer within {timeout:.1f} s"
             ) from err
         return None
-    total = None
-    for line in text.splitlines():
-        if line.startswith(API_IN_FLIGHT) and not line.startswith(API_IN_FLIGHT + "_"):
-            try:
-                total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                continue
-    return total
+    try:
+        return sample_total(text, API_IN_FLIGHT)
+    except ValueError:  # not the metrics format: no count to wait on
+        return None
 
 
 def wait_drained(

@@ -27,7 +27,6 @@ killed and the container exits 5 (k3rocm.container.guard).
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import sys
@@ -38,8 +37,6 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from k3rocm.common.api_address import api_base_url
 from k3rocm.common.api_key import api_key_from_env
@@ -52,6 +49,7 @@ from k3rocm.common.engine_progress import (
 from k3rocm.common.exit_codes import ExitCode
 from k3rocm.common.line_log import line_logger
 from k3rocm.common.metric_names import API_IN_FLIGHT, ENGINE_REQUESTS, LAST_STEP
+from k3rocm.common.metrics_text import finite_samples
 from k3rocm.common.node import headless_node
 from k3rocm.common.run_files import (
     DRAIN_MARK,
@@ -104,18 +102,15 @@ def parse_metrics(text: str) -> Look:
     in_flight = 0.0
     steps: dict[str, float] = {}
     requests: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not math.isfinite(sample.value):
-                continue
-            if sample.name == API_IN_FLIGHT:
-                in_flight += sample.value
-            elif sample.name == LAST_STEP:
-                engine = sample.labels.get("engine", "0")
-                steps[engine] = max(steps.get(engine, 0.0), sample.value)
-            elif sample.name == ENGINE_REQUESTS:
-                key = (sample.labels.get("engine", "0"), sample.labels.get("state", ""))
-                requests[key] = requests.get(key, 0.0) + sample.value
+    for sample in finite_samples(text):
+        if sample.name == API_IN_FLIGHT:
+            in_flight += sample.value
+        elif sample.name == LAST_STEP:
+            engine = sample.labels.get("engine", "0")
+            steps[engine] = max(steps.get(engine, 0.0), sample.value)
+        elif sample.name == ENGINE_REQUESTS:
+            key = (sample.labels.get("engine", "0"), sample.labels.get("state", ""))
+            requests[key] = requests.get(key, 0.0) + sample.value
     engines = {
         engine: Engine(
             last,

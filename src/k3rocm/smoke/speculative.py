@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import urllib.error
 
+from k3rocm.common.metrics_text import metric_families, sample_total
 from k3rocm.common.smoke_report import CheckName, Stage
 from k3rocm.common.states import Verdict
 from k3rocm.smoke.http import Http
@@ -30,18 +31,12 @@ SPEC_PROMPT = "one, two, three, four; " * 4 + "one, two,"
 def spec_counters(metrics_text: str) -> dict[str, float] | None:
     """The three counters summed over their labels, or None where the
     server does not speculate."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    wanted = {DRAFTS: 0.0, DRAFT_TOKENS: 0.0, ACCEPTED_TOKENS: 0.0}
-    seen = False
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name not in wanted:
-            continue
-        seen = True
-        for sample in family.samples:
-            if sample.name == family.name + "_total":
-                wanted[family.name] += sample.value
-    return wanted if seen else None
+    counters = (DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS)
+    if not metric_families(metrics_text) & set(counters):
+        return None
+    return {
+        name: sample_total(metrics_text, name + "_total") or 0.0 for name in counters
+    }
 
 
 def check_speculative(

@@ -12,6 +12,7 @@ import time
 import urllib.error
 
 from k3rocm.common.metric_names import STEP_DURATION
+from k3rocm.common.metrics_text import sample_total
 from k3rocm.common.smoke_report import CheckName, Stage
 from k3rocm.common.states import PREFILL_KINDS, Verdict
 from k3rocm.smoke.chunk_reference import CHUNK_SIZE
@@ -28,17 +29,12 @@ STEP_COUNT_METRIC = f"{STEP_DURATION}_count"
 
 
 def prefill_step_samples(metrics_text: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    total = 0.0
-    for family in text_string_to_metric_families(metrics_text):
-        for sample in family.samples:
-            if (
-                sample.name == STEP_COUNT_METRIC
-                and sample.labels.get("kind") in PREFILL_KINDS
-            ):
-                total += sample.value
-    return total
+    total = sample_total(
+        metrics_text,
+        STEP_COUNT_METRIC,
+        lambda labels: labels.get("kind") in PREFILL_KINDS,
+    )
+    return total or 0.0
 
 
 def long_prompt(http: Http, model: str, min_tokens: int) -> tuple[str, int]:
