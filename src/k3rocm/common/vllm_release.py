@@ -1,11 +1,12 @@
 """What the distribution relies on of the vLLM release its series targets,
 in one place: each name a release may change (the flags written and
 owned, routes, process titles, backend names), keyed by the release. The
-wings read TARGET; moving
-the series to another vLLM is `patches/` plus an entry here (and
-`k3rocm pins --write`: docs/patch-series.md, "Upgrading vLLM").
-tests/common/test_vllm_release.py holds TARGET_VERSION to
-patches/0.27.1/series.toml; the tests that run vLLM check each name against it.
+wings read TARGET; moving the series to another vLLM is `patches/` plus an
+entry here (and `k3rocm pins --write`: docs/patch-series.md, "Upgrading
+vLLM"). tests/common/test_vllm_release.py holds TARGET_VERSION to the
+default release line's series (patches/lines.toml); the tests that run
+vLLM check each name against it (tests/launcher/test_release_flags.py the
+flags).
 """
 
 from __future__ import annotations
