@@ -1,6 +1,6 @@
 """The extra vLLM arguments must not set what the launcher sets itself.
 
-vLLM 0.27.1 reads a flag in many spellings: any unambiguous prefix
+vLLM reads a flag in many spellings: any unambiguous prefix
 (argparse's allow_abbrev, which vLLM keeps), `_` for `-`, `--flag=value`,
 short aliases (-tp), dotted JSON keys and `--config FILE`. Rather than
 guess them, the extra arguments go through vLLM's own `vllm serve` parser,
@@ -20,8 +20,9 @@ from k3rocm.common.setting_table import LAUNCHER_SETTINGS
 from k3rocm.launcher.messages import label, shown
 from k3rocm.patchtool.lines import shipped_series
 
-# The owned flags' vLLM 0.27.1 spellings (each setting's row lists its
-# own), for when there is no vLLM to ask. --middleware is not owned: the
+# The owned flags' spellings in the target release (each setting's row
+# takes its own from k3rocm.common.vllm_release), for when there is no vLLM
+# to ask. --middleware is not owned: the
 # launcher's DrainMiddleware stays however many middlewares the extra
 # arguments append.
 FALLBACK_OWNED_FLAGS = {
