@@ -15,8 +15,8 @@ TEXT = f"""# HELP {GAUGE} requests in flight
 {GAUGE}{{pid="7"}} 2.0
 {GAUGE}{{pid="8",path="a \\"b\\" c"}} 3.0 1700000000000
 {GAUGE}{{pid="9"}} NaN
-# HELP vllm:spec_decode_num_drafts drafts
-# TYPE vllm:spec_decode_num_drafts counter
+# HELP vllm:spec_decode_num_drafts_total drafts
+# TYPE vllm:spec_decode_num_drafts_total counter
 # HELP steps step durations
 # TYPE steps histogram
 steps_bucket{{kind="prefill",le="+Inf"}} 4.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import urllib.error
 
-from k3rocm.common.metrics_text import metric_families, sample_total
+from k3rocm.common.metrics_text import finite_samples, metric_families
 from k3rocm.common.smoke_report import CheckName, Stage
 from k3rocm.common.states import Verdict
 from k3rocm.smoke.http import Http
@@ -31,12 +31,14 @@ SPEC_PROMPT = "one, two, three, four; " * 4 + "one, two,"
 def spec_counters(metrics_text: str) -> dict[str, float] | None:
     """The three counters summed over their labels, or None where the
     server does not speculate."""
-    counters = (DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS)
-    if not metric_families(metrics_text) & set(counters):
+    totals = dict.fromkeys((DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS), 0.0)
+    if not metric_families(metrics_text) & totals.keys():
         return None
-    return {
-        name: sample_total(metrics_text, name + "_total") or 0.0 for name in counters
-    }
+    for sample in finite_samples(metrics_text):
+        counter = sample.name.removesuffix("_total")
+        if counter in totals and sample.name != counter:
+            totals[counter] += sample.value
+    return totals
 
 
 def check_speculative(
