@@ -71,6 +71,18 @@ def test_a_version_past_the_upstream_change_without_a_line_gets_the_default(line
     assert line_for_version("0.29.0", lines).directory == lines / "0.27.1"
 
 
+def test_a_default_line_no_release_makes_unnecessary_claims_no_later_version(lines):
+    """A line kept for fixes upstream lacks has no upstream_since: a newer
+    vLLM is refused like any version without a line, never reported as
+    already upstream."""
+    manifest = lines / "0.27.1" / "series.toml"
+    text = manifest.read_text()
+    assert 'upstream_since = "0.28.0"\n' in text
+    manifest.write_text(text.replace('upstream_since = "0.28.0"\n', "", 1))
+    with pytest.raises(Refusal, match="lines for vLLM 0.9.0, 0.27.1, 0.32.0 only"):
+        line_for_version("0.29.0", lines)
+
+
 @pytest.mark.parametrize(
     ("lines_toml", "message"),
     [

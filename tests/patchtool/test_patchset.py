@@ -150,6 +150,25 @@ def test_upstream_release_is_reported_and_left_alone(upstream):
         )
 
 
+def test_a_series_no_release_makes_unnecessary_refuses_a_newer_release(
+    upstream, tmp_path
+):
+    """Without upstream_since (a line kept for fixes no release has), the
+    0.28.0 tree is a version the series is not for, not "already upstream"."""
+    series = tmp_path / "series"
+    shutil.copytree(SERIES.directory, series)
+    manifest = series / "series.toml"
+    lines = manifest.read_text().splitlines(keepends=True)
+    manifest.write_text("".join(x for x in lines if not x.startswith("upstream_since")))
+    assert_refused(
+        upstream,
+        "apply",
+        "--series",
+        str(series),
+        says=["found vLLM 0.28.0", f"expected {SERIES.vllm_version}"],
+    )
+
+
 @pytest.mark.parametrize("rel", MODIFIED)
 def test_drifted_file_is_refused(pristine, rel):
     with open(pristine / rel, "a") as handle:

@@ -56,7 +56,8 @@ def line_for_version(version: str, root: Path | None = None) -> Series:
     if series is not None:
         return series
     default = Series(default_line_dir(root))
-    if version_key(version) >= version_key(default.upstream_since):
+    since = default.upstream_since
+    if since is not None and version_key(version) >= version_key(since):
         return default
     raise Refusal(
         f"found vLLM {version}; this k3rocm has release lines for vLLM "

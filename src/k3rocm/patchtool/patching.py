@@ -105,7 +105,8 @@ def inspect(target: Path, series: Series) -> TreeState:
         state.state = PatchState.APPLIED
         return state
     if version != series.vllm_version:
-        if version_key(version) >= version_key(series.upstream_since):
+        since = series.upstream_since
+        if since is not None and version_key(version) >= version_key(since):
             state.state = PatchState.UPSTREAM
             return state
         raise Refusal(

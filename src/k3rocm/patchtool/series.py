@@ -41,8 +41,10 @@ class Series:
         return self.manifest["target"]["vllm_version"]
 
     @property
-    def upstream_since(self) -> str:
-        return self.manifest["target"]["upstream_since"]
+    def upstream_since(self) -> str | None:
+        """The first vLLM release that makes the whole series unnecessary;
+        None while no release does (a line kept for fixes upstream lacks)."""
+        return self.manifest["target"].get("upstream_since")
 
     @property
     def pristine_files(self) -> dict[str, str]:
