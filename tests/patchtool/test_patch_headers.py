@@ -4,18 +4,20 @@ is the model)."""
 
 import re
 
+import pytest
 from support.vllm_trees import REPO
 
-from k3rocm.patchtool.lines import default_line_dir
+from k3rocm.patchtool.lines import line_versions
 from k3rocm.patchtool.series import Series
 
 
-def test_every_patch_says_what_it_carries_from_upstream_and_when_to_drop_it():
+@pytest.mark.parametrize("line", line_versions(REPO / "patches"))
+def test_every_patch_says_what_it_carries_from_upstream_and_when_to_drop_it(line):
     """Each header has its Subject, its Upstream (the pull request, or none)
     and its Drop line (the release that carries it, or the condition); a
     release named there is later than the series' target, or the patch
     would already be due to go."""
-    series = Series(default_line_dir(REPO / "patches"))
+    series = Series(REPO / "patches" / line)
     target = tuple(int(part) for part in series.vllm_version.split("."))
     for patch in series.patches:
         text = patch.read_text()

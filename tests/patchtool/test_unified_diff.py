@@ -1,21 +1,22 @@
 """k3rocm.patchtool.unified_diff (the patch tool's own applier, so the image needs no
-git) against `git apply` as the reference, on the real vLLM 0.27.1 files."""
+git) against `git apply` as the reference, on the real files of the installed
+vLLM (0.27.1 or 0.32.0) with its line's series."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.vllm_trees import REPO, installed_root
+from support.vllm_trees import SERIES, installed_root
 
 from k3rocm.patchtool import unified_diff
-from k3rocm.patchtool.lines import default_line_dir
-from k3rocm.patchtool.series import Series
 
-SERIES = Series(default_line_dir(REPO / "patches"))
+pytestmark = pytest.mark.every_line
+
 ROOT = installed_root()
 
 
@@ -93,7 +94,14 @@ def test_a_created_file_that_exists_is_refused():
 @pytest.mark.parametrize(
     "damage",
     [
-        lambda text: text.replace(b"@@ -165,6 +165,61 @@", b"@@ -165,6 +165,62 @@"),
+        # The first hunk claims one line more than it has.
+        lambda text: re.sub(
+            rb"^(@@ -\d+(?:,\d+)? \+\d+,)(\d+)",
+            lambda m: m[1] + str(int(m[2]) + 1).encode(),
+            text,
+            count=1,
+            flags=re.MULTILINE,
+        ),
         lambda text: text.replace(b"+++ b/", b"+++ ", 1),
         lambda text: text[: len(text) // 2],
     ],
@@ -103,4 +111,5 @@ def test_a_damaged_patch_is_refused(damage):
     text = damage(SERIES.patches[0].read_bytes())
     with pytest.raises(unified_diff.DiffError):
         for file_patch in unified_diff.parse(text):
-            unified_diff.apply_file(file_patch, (ROOT / file_patch.path).read_bytes())
+            original = None if file_patch.creates else ROOT / file_patch.path
+            unified_diff.apply_file(file_patch, original and original.read_bytes())

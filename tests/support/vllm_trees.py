@@ -11,13 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from k3rocm.patchtool.lines import default_series_dir
+from k3rocm.patchtool.lines import installed_line_dir
 from k3rocm.patchtool.series import Series
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache"
 UPSTREAM_TREE = CACHE / "vllm-upstream"
-SERIES = Series(default_series_dir())
+SERIES = Series(installed_line_dir())
 
 
 def installed_root() -> Path:

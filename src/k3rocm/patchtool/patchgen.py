@@ -1,9 +1,11 @@
 """Generate the series' patches that only add a file from that file's source.
 
-Patch 0002 adds three whole modules to vLLM: the device chunk-metadata
-kernel (``kda_metadata_kernel.py``), its host side (``kda_metadata_launch.py``:
-the compiled launches, their warm-up and the call a step makes) and the
-builder and backend (``kda_metadata.py``); patch 0005 adds the precompiled KDA launches
+The 0.27.1 line's patch 0002 adds three whole modules to vLLM: the device
+chunk-metadata kernel (``kda_metadata_kernel.py``), its host side
+(``kda_metadata_launch.py``: the compiled launches, their warm-up and the
+call a step makes) and the builder and backend (``kda_metadata.py``); the
+0.32.0 line's patch 0001 adds the first two (0.32.0 has its own builder);
+patch 0005 of 0.27.1 adds the precompiled KDA launches
 (``kda_chunk_launch.py``, which the other patches import, and the modules
 it re-exports from, one job each). Their code lives in this repository as
 real, linted source files under ``src/k3rocm/kernels/``, and the patch is
@@ -74,21 +76,29 @@ class GeneratedPatch:
         return current[: cut + 1]
 
 
+def _metadata_modules(*names: str) -> tuple[GeneratedFile, ...]:
+    return tuple(
+        GeneratedFile(
+            source=f"src/k3rocm/kernels/{name}",
+            target=f"vllm/models/kimi_k3/amd/{name}",
+        )
+        for name in names
+    )
+
+
 GENERATED = (
     GeneratedPatch(
         line="0.27.1",
         patch="0002-kimi-k3-rocm-kda-backend.patch",
-        files=tuple(
-            GeneratedFile(
-                source=f"src/k3rocm/kernels/{name}",
-                target=f"vllm/models/kimi_k3/amd/{name}",
-            )
-            for name in (
-                "kda_metadata_kernel.py",
-                "kda_metadata_launch.py",
-                "kda_metadata.py",
-            )
+        files=_metadata_modules(
+            "kda_metadata_kernel.py", "kda_metadata_launch.py", "kda_metadata.py"
         ),
+    ),
+    # 0.32.0 has its own builder (amd/kda_metadata.py); the line's 0002 edits it.
+    GeneratedPatch(
+        line="0.32.0",
+        patch="0001-kimi-k3-rocm-kda-metadata-kernel.patch",
+        files=_metadata_modules("kda_metadata_kernel.py", "kda_metadata_launch.py"),
     ),
     GeneratedPatch(
         line="0.27.1",

@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from k3rocm.common.line_log import line_logger
-from k3rocm.patchtool.lines import default_series_dir
+from k3rocm.patchtool.lines import installed_line_dir
 from k3rocm.patchtool.lock import Refusal
 from k3rocm.patchtool.patching import find_installed_target
 from k3rocm.patchtool.series import Series
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        series = Series(default_series_dir())
+        series = Series(installed_line_dir())
         triage = (
             load_triage(args.triage, series) if args.triage else shipped_triage(series)
         )

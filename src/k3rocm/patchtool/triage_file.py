@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3rocm.patchtool.lines import default_series_dir
+from k3rocm.patchtool.lines import installed_line_dir
 from k3rocm.patchtool.series import Series, SeriesError
 
 TRIAGE_NAME = "upstream-triage.toml"
@@ -243,5 +243,5 @@ def unlisted_patches(triage: Triage, series: Series) -> list[str]:
 
 
 def shipped_triage(series: Series | None = None) -> Triage:
-    series = series or Series(default_series_dir())
+    series = series or Series(installed_line_dir())
     return load_triage(series.directory / TRIAGE_NAME, series)

@@ -23,7 +23,7 @@ from k3rocm.common.metric_names import BUILD_INFO
 from k3rocm.common.setting_kinds import SettingError
 from k3rocm.common.setting_table import IMAGE_TAG, KDA_METADATA
 from k3rocm.common.states import PatchState
-from k3rocm.patchtool.lines import default_series_dir
+from k3rocm.patchtool.lines import installed_line_dir
 from k3rocm.patchtool.lock import Refusal
 from k3rocm.patchtool.patching import find_installed_target, inspect
 from k3rocm.patchtool.series import MARKER_NAME, Series, SeriesError
@@ -89,7 +89,7 @@ def patch_series_label(target: Path | None = None, series: Series | None = None)
     carries, as the patch_series label."""
     try:
         target = target or find_installed_target()
-        series = series or Series(default_series_dir())
+        series = series or Series(installed_line_dir())
         problem = marker_problem(target / "vllm" / MARKER_NAME)
         if problem:
             log.warning("the patch marker in %s is not valid: %s", target, problem)

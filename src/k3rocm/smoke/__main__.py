@@ -12,7 +12,7 @@ from k3rocm.common.line_log import line_logger
 from k3rocm.common.node import headless_node
 from k3rocm.common.smoke_report import Report, Stage, write_mark
 from k3rocm.common.states import FailurePolicy, Verdict
-from k3rocm.patchtool.lines import default_series_dir
+from k3rocm.patchtool.lines import installed_line_dir
 from k3rocm.patchtool.series import Series
 from k3rocm.smoke.headless import run_headless_stage2
 from k3rocm.smoke.policy import finish
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         log(str(err))
         return 2
-    series = Series(default_series_dir())
+    series = Series(installed_line_dir())
     report = Report(policy=settings.policy, series_id=series.series_id)
     report.stages["stage1"] = stage1 = Stage()
     report.write(settings.report)

@@ -25,7 +25,7 @@ from pathlib import Path
 from k3rocm.common.line_log import line_logger
 from k3rocm.common.states import PatchState
 from k3rocm.patchtool import patching
-from k3rocm.patchtool.lines import default_series_dir, shipped_series
+from k3rocm.patchtool.lines import installed_line_dir, shipped_series
 from k3rocm.patchtool.lock import Refusal
 from k3rocm.patchtool.series import Series
 from k3rocm.supply_chain.rocm import (
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--rocm-root", type=Path, default=DEFAULT_ROCM_ROOT)
     args = parser.parse_args(argv)
 
-    series = Series(default_series_dir())
+    series = Series(installed_line_dir())
     if args.command == "tag":
         print(image_tag(series, args.rocm_version))
         return 0

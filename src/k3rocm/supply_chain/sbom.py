@@ -26,7 +26,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from k3rocm.common.line_log import line_logger
-from k3rocm.patchtool.lines import default_series_dir
+from k3rocm.patchtool.lines import installed_line_dir
 from k3rocm.patchtool.series import Series
 from k3rocm.patchtool.triage_file import TRIAGE_NAME, Entry, TriageError, load_triage
 
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        document = bom(Series(default_series_dir()), os.environ.get("K3_IMAGE_VERSION"))
+        document = bom(Series(installed_line_dir()), os.environ.get("K3_IMAGE_VERSION"))
     except TriageError as err:
         log(str(err))
         return 1
