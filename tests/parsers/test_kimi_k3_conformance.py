@@ -5,9 +5,9 @@ cut at every token boundary and at seeded random multi-token boundaries.
 What a client receives must be the shape's expected outcome, so streaming
 and non-streaming agree.
 
-The same cases run on vLLM 0.27.1's own parser files (a pristine copy): the
-shapes upstream reports 0.27.1 gets wrong must fail there (strict xfail),
-the rest must pass."""
+The same cases run on the installed vLLM's own parser files (a pristine
+copy of 0.27.1 or 0.32.0): the shapes that release gets wrong must fail
+there (strict xfail), the rest must pass."""
 
 import pytest
 from support.kimi_k3_parsers import (
@@ -19,6 +19,8 @@ from support.kimi_k3_parsers import (
 )
 from support.kimi_k3_shapes import PRISTINE_WRONG, SHAPES
 from support.vllm_trees import installed_root, patched_tree
+
+pytestmark = pytest.mark.every_line
 
 SEEDS = (0, 1, 2)
 
@@ -71,13 +73,13 @@ PRISTINE_CASES = [
 
 
 @pytest.mark.parametrize(("name", "path"), PRISTINE_CASES)
-def test_vllm_0_27_1_parsers(pristine, name, path):
+def test_the_releases_own_parsers(pristine, name, path):
     shape = SHAPES[name]
     if path == "non-streaming":
         got = non_streaming(pristine, shape.text, shape.thinking)
     else:
-        # 0.27.1 re-parses the whole text every delta: 100 KB at every token
-        # would take minutes, so its deltas are up to 2,000 tokens long.
+        # Upstream re-parses the whole text every delta: 100 KB at every
+        # token would take minutes, so its deltas are up to 2,000 tokens long.
         def sizes(ids):
             return random_sizes(ids, 0, most=2000 if len(ids) > 5000 else 8)
 

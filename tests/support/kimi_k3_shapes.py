@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 
 from support.kimi_k3_parsers import Outcome
+from support.vllm_trees import SERIES
 
 THINK_CLOSE = "<|close|>think<|sep|>"
 TOOLS_OPEN, TOOLS_CLOSE = "<|open|>tools<|sep|>", "<|close|>tools<|sep|>"
@@ -172,7 +173,7 @@ SHAPES = {
 }
 
 # Where upstream says vLLM 0.27.1's parsers are wrong, per shape and path.
-PRISTINE_WRONG = {
+_WRONG_IN_0_27_1 = {
     # vLLM #50258 (fixed by #57098): truncated reasoning returned as content.
     ("truncated_in_think", "non-streaming"): "vLLM #50258",
     # vLLM #54273, #53246: the tools block stays in reasoning, no tool call
@@ -191,3 +192,22 @@ PRISTINE_WRONG = {
         for path in ("non-streaming", "streaming")
     },
 }
+
+# 0.32.0 has #57098 (truncated reasoning is reasoning) but none of the
+# others; and #57098's rule (a reply with neither think marker is truncated
+# reasoning) now returns a reply that goes straight to tools as reasoning,
+# without its call, where 0.27.1 got that right without streaming.
+_WRONG_IN_0_32_0 = {
+    **{
+        case: why
+        for case, why in _WRONG_IN_0_27_1.items()
+        if case != ("truncated_in_think", "non-streaming")
+    },
+    ("straight_to_tools_no_think", "non-streaming"): "vLLM #57098's no-marker rule",
+}
+
+# The cases a release's own parser files get wrong: they must fail there
+# (strict xfail), the rest must pass. The installed vLLM's release is tested.
+PRISTINE_WRONG = {"0.27.1": _WRONG_IN_0_27_1, "0.32.0": _WRONG_IN_0_32_0}[
+    SERIES.vllm_version
+]
