@@ -1,6 +1,6 @@
-"""The target vLLM release's names live in k3rocm.common.vllm_release alone:
-its version is the default line's target (patches/, read here without
-vLLM), and no other module spells one of its names again. The names
+"""The vLLM releases' names live in k3rocm.common.vllm_release alone: one
+entry per release line (patches/, read here without vLLM), the installed
+one the target, and no other module spells one of its names again. The names
 themselves are checked against the real vLLM where vLLM runs (the routes
 by test_api_access's walk, the flags by the launcher's goldens parsed by
 `vllm serve`'s parser, the titles by the compose stall tests)."""
@@ -8,23 +8,45 @@ by test_api_access's walk, the flags by the launcher's goldens parsed by
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import tomllib
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 
-from k3rocm.common.vllm_release import RELEASES, TARGET, TARGET_VERSION
+from k3rocm.common.vllm_release import (
+    DEFAULT_VERSION,
+    RELEASES,
+    TARGET,
+    TARGET_VERSION,
+    installed_vllm_version,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "src" / "k3rocm"
 
 
-def test_the_target_is_the_series_target():
+def test_every_line_has_its_release_and_the_default_is_the_default_line():
     lines = tomllib.loads((REPO / "patches" / "lines.toml").read_text())
-    line = REPO / "patches" / lines["default"]
-    manifest = tomllib.loads((line / "series.toml").read_text())
-    assert TARGET_VERSION == manifest["target"]["vllm_version"]
-    assert TARGET.version == TARGET_VERSION
+    assert DEFAULT_VERSION == lines["default"]
+    versions = {p.parent.name for p in (REPO / "patches").glob("*/series.toml")}
+    assert set(RELEASES) == versions
+    for version in versions:
+        manifest = REPO / "patches" / version / "series.toml"
+        assert tomllib.loads(manifest.read_text())["target"]["vllm_version"] == version
     assert all(release.version == version for version, release in RELEASES.items())
+
+
+def test_the_target_is_the_installed_release_else_the_default(monkeypatch):
+    """TARGET follows the installed vLLM (this environment's, if any)."""
+    assert TARGET.version == TARGET_VERSION
+    installed = installed_vllm_version()
+    assert TARGET_VERSION == (installed if installed in RELEASES else DEFAULT_VERSION)
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert installed_vllm_version() is None
 
 
 def _strings(value: object) -> set[str]:

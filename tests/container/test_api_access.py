@@ -9,9 +9,7 @@ the image's launcher, is walked the same way in tests/deploy/test_compose_live.p
 
 import pytest
 from starlette.testclient import TestClient
-from support.vllm_routes import plain_app, routes
-from vllm.entrypoints.openai.api_server import build_app
-from vllm.entrypoints.openai.cli_args import make_arg_parser
+from support.vllm_routes import build_app, make_arg_parser, plain_app, routes
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from k3rocm.container import api_access

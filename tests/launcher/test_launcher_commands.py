@@ -1,5 +1,5 @@
 """The launcher's dry runs: golden files for every profile with every feature
-(alone and together), every command parsed by vLLM 0.27.1's own `vllm serve`
+(alone and together), every command parsed by the installed vLLM's `vllm serve`
 parser and checked against expectations written out here, and the two-node
 commands agreeing on the deployment.
 
@@ -12,6 +12,7 @@ Regenerate the golden files after an intended change, then review the diff:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import itertools
 import json
 import os
@@ -23,9 +24,15 @@ from pathlib import Path
 
 import pytest
 
+from k3rocm.common.setting_table import KDA_METADATA_PATHS
+from k3rocm.common.vllm_release import TARGET
 from k3rocm.launcher.__main__ import main
 
-GOLDEN_DIR = Path(__file__).parent / "golden" / "launcher"
+pytestmark = pytest.mark.every_line
+
+# Per release line: the installed vLLM parses them, and the commands differ
+# where a release moved a module (cpu-dev runs the OpenAI server module).
+GOLDEN_DIR = Path(__file__).parent / "golden" / "launcher" / TARGET.version
 UPDATE_GOLDEN = os.environ.get("K3_UPDATE_GOLDEN") == "1"
 
 MASTER_ADDR = "10.1.2.3"
@@ -214,7 +221,7 @@ def replay(script: str) -> tuple[list[str], dict[str, str]]:
 class VllmParsers:
     root: typing.Any  # `vllm` with the `serve` subcommand
     serve_options: set[str]
-    api_server: typing.Any  # python -m vllm.entrypoints.openai.api_server
+    api_server: typing.Any  # python -m <the release's OpenAI server module>
     api_server_options: set[str]
     validate: typing.Callable
 
@@ -222,10 +229,10 @@ class VllmParsers:
 @pytest.fixture(scope="module")
 def vllm_parsers() -> VllmParsers:
     from vllm.entrypoints.cli.serve import ServeSubcommand
-    from vllm.entrypoints.openai.cli_args import (
-        make_arg_parser,
-        validate_parsed_serve_args,
-    )
+
+    serve_args = importlib.import_module(TARGET.serve_args_module)
+    make_arg_parser = serve_args.make_arg_parser
+    validate_parsed_serve_args = serve_args.validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     root = FlexibleArgumentParser(prog="vllm")
@@ -255,7 +262,7 @@ def parse_with_vllm(parsers: VllmParsers, argv: list[str], capsys=None):
             parsers.serve_options,
             ["serve", *argv[2:]],
         )
-    elif argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:
+    elif argv[1:3] == ["-m", TARGET.openai_server_module]:
         parser, options, args = parsers.api_server, parsers.api_server_options, argv[3:]
     else:
         raise AssertionError(f"not a vLLM serve command: {argv[:3]}")
@@ -349,8 +356,16 @@ def test_dry_run_matches_golden(case, capsys):
 
 
 def test_the_dry_run_shows_the_legacy_metadata_path(capsys):
-    assert main(["--dry-run"], {**BASE_ENV, "K3_KDA_METADATA": "legacy"}) == 0
-    assert "export K3_KDA_METADATA=legacy\n" in capsys.readouterr().out
+    """Where the release has a stalling path to compare with (0.27.1); 0.32.0
+    has none, and an operator who asks for it is told so."""
+    code = main(["--dry-run"], {**BASE_ENV, "K3_KDA_METADATA": "legacy"})
+    if TARGET.legacy_kda_backend is None:
+        assert code == 2
+        err = capsys.readouterr().err
+        assert "K3_KDA_METADATA is 'legacy'; set one of device (default device)" in err
+    else:
+        assert code == 0
+        assert "export K3_KDA_METADATA=legacy\n" in capsys.readouterr().out
 
 
 def test_the_dry_run_refuses_what_the_container_start_refuses(capsys):
@@ -359,7 +374,8 @@ def test_the_dry_run_refuses_what_the_container_start_refuses(capsys):
     env = {**BASE_ENV, "K3_KDA_METADATA": "sideways", "K3_STALL_SECONDS": "-1"}
     assert main(["--dry-run"], env) == 2
     err = capsys.readouterr().err
-    assert "K3_KDA_METADATA is 'sideways'; set one of device, legacy" in err
+    paths = ", ".join(KDA_METADATA_PATHS)
+    assert f"K3_KDA_METADATA is 'sideways'; set one of {paths}" in err
     assert "K3_STALL_SECONDS" in err
     assert "export K3_KDA_METADATA" not in err
 
@@ -403,7 +419,7 @@ def test_default_features_are_the_recipes(vllm_parsers, capsys):
 def test_cpu_dev_parses_as_a_plain_api_server(vllm_parsers, capsys):
     env, argv = GOLDEN_CASES["cpu-dev--settings"]
     replayed, exported = replay(dry_run(capsys, env, argv))
-    assert replayed[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert replayed[:3] == [sys.executable, "-m", TARGET.openai_server_module]
     args = vars(parse_with_vllm(vllm_parsers, replayed, capsys))
     assert exported == {}
     assert args["model"] == "facebook/opt-125m"

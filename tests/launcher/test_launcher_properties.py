@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import io
 import shlex
 import tempfile
@@ -23,6 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from k3rocm.common.profiles import FEATURES, PROFILES
+from k3rocm.common.vllm_release import TARGET
 from k3rocm.launcher.__main__ import main
 
 API_KEY = "k3-prop-key-9d1e7b40"
@@ -57,9 +59,9 @@ HARMLESS_ARGS = (
 
 @functools.cache
 def vllm_options() -> dict:
-    """vLLM 0.27.1's `vllm serve` option strings and their actions, built
+    """The installed vLLM's `vllm serve` option strings and their actions, built
     as `vllm serve` builds its parser."""
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    make_arg_parser = importlib.import_module(TARGET.serve_args_module).make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))

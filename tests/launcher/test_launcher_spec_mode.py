@@ -11,6 +11,8 @@ import shlex
 import pytest
 from test_launcher_step_bound import HEADS, assert_refused, launch
 
+pytestmark = pytest.mark.every_line
+
 
 def command_flags(out: str) -> list[str]:
     return shlex.split(out.split("exec ", 1)[1].replace("\\\n", " "))

@@ -12,6 +12,8 @@ import pytest
 
 from k3rocm.launcher.__main__ import main
 
+pytestmark = pytest.mark.every_line
+
 REPO = Path(__file__).resolve().parents[2]
 LONG_STEPS = REPO / "docs" / "benchmarks-2026-12-03-h200-k3.7-long-steps.json"
 # Kimi-K3's 96 KDA heads split by tensor parallelism (vLLM #52803).

