@@ -1,6 +1,7 @@
-"""Who may use the API server (k3rocm.container.api_access), on vLLM 0.27.1's
-real app: ``build_app`` with the launcher's own middleware flags, every
-route of its route table called with no key, a wrong key and the right key.
+"""Who may use the API server (k3rocm.container.api_access), on the installed
+vLLM's real app (0.27.1 or 0.32.0): ``build_app`` with the launcher's own
+middleware flags, every route of its route table called with no key, a
+wrong key and the right key.
 
 No engine runs here (the routes' handlers fail without one, answering 500):
 what is checked is who gets past the middlewares. The live server, behind
@@ -12,11 +13,14 @@ from starlette.testclient import TestClient
 from support.vllm_routes import build_app, make_arg_parser, plain_app, routes
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+from k3rocm.common.vllm_release import TARGET
 from k3rocm.container import api_access
 from k3rocm.launcher.command import ACCESS_MIDDLEWARE, DRAIN_MIDDLEWARE
 
+pytestmark = pytest.mark.every_line
+
 KEY = "sk-route-walk-0d9c"
-# vLLM 0.27.1's serving routes for a generating model: each needs the key.
+# vLLM's serving routes for a generating model: each needs the key.
 # Written out so that a vLLM with other routes fails here until someone has
 # decided, for each new one, whether it serves, is open or is admin.
 SERVING = {
@@ -29,6 +33,12 @@ SERVING = {
     "/v1/chat/completions/derender", "/v1/completions/derender",
     "/inference/v1/generate",
 }  # fmt: skip
+# 0.32.0's new serving routes (besides /kv_event_sources, an admin route).
+SERVING_0_32_0 = {
+    "/inference/v1/abort_requests", "/v1/messages/render", "/v1/responses/render",
+    "/v1/systemone",
+}  # fmt: skip
+SERVING = SERVING | SERVING_0_32_0 if TARGET.version == "0.32.0" else SERVING
 
 
 def vllm_app(monkeypatch, tmp_path, key: str | None, admin: bool):
@@ -63,6 +73,8 @@ def call(client, method, path, key=None):
 
 def test_every_route_is_known():
     paths = {path for _, path, _ in routes(plain_app())}
+    if TARGET.version == "0.32.0":
+        assert "/kv_event_sources" in paths
     assert paths == api_access.OPEN_PATHS | SERVING | (paths & api_access.ADMIN_PATHS)
     assert paths & api_access.ADMIN_PATHS >= {
         "/scale_elastic_ep", "/is_scaling_elastic_ep", "/load", "/docs",

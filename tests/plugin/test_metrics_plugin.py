@@ -14,7 +14,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from support.vllm_trees import SERIES
 from vllm.v1.metrics.stats import SchedulerIterationDetails, SchedulerStats
 
+from k3rocm.common.setting_table import KDA_METADATA_PATHS
 from k3rocm.plugin import build_info, metrics, smoke_verdict
+
+pytestmark = pytest.mark.every_line
+
+# legacy is a path only where the release has one (0.27.1, not 0.32.0).
+LEGACY_LABEL = "legacy" if "legacy" in KDA_METADATA_PATHS else "invalid"
 
 
 def details(ctx_reqs: int, gen_reqs: int, *, dummy: bool = False, ms: float = 4.0):
@@ -101,7 +107,7 @@ def test_build_info_in_a_registry_of_its_own(monkeypatch, tmp_path):
         registry.get_sample_value(
             "k3rocm_build_info",
             {
-                "vllm_version": "0.27.1",
+                "vllm_version": SERIES.vllm_version,
                 "patch_series": SERIES.series_id,
                 "image_tag": "registry-test:2",
                 "rocm_version": "unknown",
@@ -123,7 +129,7 @@ def test_build_info_image_tag_as_the_setting_reads_it(monkeypatch, value, label)
 
 
 @pytest.mark.parametrize(
-    ("value", "label"), [("legacy", "legacy"), ("device", "device"), ("", "device"),
+    ("value", "label"), [("legacy", LEGACY_LABEL), ("device", "device"), ("", "device"),
                          ("Legacy", "invalid"), ("gpu", "invalid")]
 )  # fmt: skip
 def test_build_info_names_the_kda_metadata_path(monkeypatch, value, label):
