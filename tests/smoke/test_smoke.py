@@ -14,12 +14,15 @@ from support.vllm_trees import SERIES, copy_tree, installed_root, patched_tree
 from k3rocm.common.exit_codes import ExitCode
 from k3rocm.common.smoke_report import CheckName, Stage
 from k3rocm.common.states import Verdict
+from k3rocm.common.vllm_release import TARGET
 from k3rocm.container.guard import Guard
 from k3rocm.smoke.chunk_reference import CHUNK_SIZE
 from k3rocm.smoke.kernel_checks import KERNEL_BATTERY, compare_with_reference
 from k3rocm.smoke.settings import Settings
 from k3rocm.smoke.stage1 import check_patch_marker, run_stage1
 from k3rocm.smoke.timeouts import run_with_timeout
+
+pytestmark = pytest.mark.every_line
 
 
 def statuses(stage: Stage) -> dict[str, str]:
@@ -48,24 +51,47 @@ def test_stage1_on_cpu_runs_the_kernel_interpreted_and_skips_gpu_checks(
     assert details[CheckName.KDA_METADATA_PATH].startswith("device: ")
 
 
-def test_stage1_reports_the_legacy_path_and_refuses_other_values(monkeypatch):
+def test_on_rocm_the_real_layer_resolves_to_the_series_backend(monkeypatch):
+    """The release's own ROCm Kimi-K3 KDA layer class (0.27.1's GDN layer,
+    0.32.0's amd/kda.py layer) asked which backend it resolves to."""
     from vllm.platforms import current_platform
 
-    monkeypatch.setenv("K3_KDA_METADATA", "legacy")
+    monkeypatch.delenv("K3_KDA_METADATA", raising=False)
     monkeypatch.setattr(current_platform, "is_rocm", lambda: True)
     stage = Stage()
     run_stage1(stage, SERIES, kda_heads=12)
     details = {check.name: check.detail for check in stage.checks}
-    assert statuses(stage)[CheckName.KDA_METADATA_PATH] == "pass"
-    assert "expected" in details[CheckName.KDA_METADATA_PATH]
-    # On ROCm, legacy resolves the real layer to vLLM 0.27.1's backend.
     assert statuses(stage)[CheckName.KIMI_BACKEND] == "pass"
-    assert "GDN_ATTN (K3_KDA_METADATA=legacy)" in details[CheckName.KIMI_BACKEND]
-    monkeypatch.setenv("K3_KDA_METADATA", "fast")
-    stage = Stage()
-    run_stage1(stage, SERIES, kda_heads=12)
-    assert statuses(stage)[CheckName.KDA_METADATA_PATH] == "fail"
-    assert CheckName.KIMI_BACKEND not in statuses(stage)
+    assert (
+        "KIMI_K3_KDA_ROCM (K3_KDA_METADATA=device)" in details[CheckName.KIMI_BACKEND]
+    )
+
+
+def test_stage1_reports_the_legacy_path_and_refuses_other_values(monkeypatch):
+    """legacy is a path only on a release that has one (0.27.1's stall);
+    elsewhere it is refused like any other value."""
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(current_platform, "is_rocm", lambda: True)
+    refused = ["fast"]
+    if TARGET.legacy_kda_backend is None:
+        refused.append("legacy")
+    else:
+        monkeypatch.setenv("K3_KDA_METADATA", "legacy")
+        stage = Stage()
+        run_stage1(stage, SERIES, kda_heads=12)
+        details = {check.name: check.detail for check in stage.checks}
+        assert statuses(stage)[CheckName.KDA_METADATA_PATH] == "pass"
+        assert "expected" in details[CheckName.KDA_METADATA_PATH]
+        # On ROCm, legacy resolves the real layer to vLLM 0.27.1's backend.
+        assert statuses(stage)[CheckName.KIMI_BACKEND] == "pass"
+        assert "GDN_ATTN (K3_KDA_METADATA=legacy)" in details[CheckName.KIMI_BACKEND]
+    for value in refused:
+        monkeypatch.setenv("K3_KDA_METADATA", value)
+        stage = Stage()
+        run_stage1(stage, SERIES, kda_heads=12)
+        assert statuses(stage)[CheckName.KDA_METADATA_PATH] == "fail"
+        assert CheckName.KIMI_BACKEND not in statuses(stage)
 
 
 def poisoned_result(kernel, damage):
@@ -179,20 +205,48 @@ def unpatched_packed_decode(kernel):
     return module.fused_recurrent_kda_packed_decode
 
 
+# 0.27.1's own packed decode refuses the strided column (vLLM #51682, which
+# 0.32.0 has).
+UNPATCHED_DECODE = (
+    [
+        pytest.param(
+            "fused_recurrent_kda_packed_decode",
+            unpatched_packed_decode,
+            "ValueError",
+            id="0.27.1",
+        )
+    ]
+    if SERIES.vllm_version == "0.27.1"
+    else []
+)
+
+
 @pytest.mark.parametrize(
     ("op", "plant", "says"),
     [
-        ("fused_recurrent_kda", lambda k: poisoned_result(k, nan_first_output), "inf"),
-        ("fused_recurrent_kda", accepted_ignored, "differ"),
-        (
+        pytest.param(
+            "fused_recurrent_kda",
+            lambda k: poisoned_result(k, nan_first_output),
+            "inf",
+            id="spec-nan",
+        ),
+        pytest.param(
+            "fused_recurrent_kda", accepted_ignored, "differ", id="accepted-ignored"
+        ),
+        pytest.param(
             "fused_recurrent_kda_packed_decode",
             lambda k: poisoned_result(k, nan_first_output),
             "inf",
+            id="decode-nan",
         ),
-        ("fused_recurrent_kda_packed_decode", column_read_contiguously, "differ"),
-        ("fused_recurrent_kda_packed_decode", unpatched_packed_decode, "ValueError"),
+        pytest.param(
+            "fused_recurrent_kda_packed_decode",
+            column_read_contiguously,
+            "differ",
+            id="column-contiguous",
+        ),
+        *UNPATCHED_DECODE,
     ],
-    ids=["spec-nan", "accepted-ignored", "decode-nan", "column-contiguous", "0.27.1"],
 )
 def test_kda_spec_numerics_fails_on_a_planted_error(monkeypatch, op, plant, says):
     import vllm.models.kimi_k3.amd.ops.third_party.kda as amd_kda
@@ -217,13 +271,11 @@ def test_kda_numerics_keeps_the_autotuners_choices_only_while_it_runs():
     """On a GPU the check has the KDA kernels' autotuners keep their choice
     in Triton's cache (a warm start then times no configuration again),
     and gives them back as vLLM's process would have them."""
-    from vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch import unwrap
+    from k3rocm.smoke.interpreter import jit_and_tuner, kda_kernels
+    from k3rocm.smoke.kda_numerics import autotuning_cached
 
-    from k3rocm.smoke.interpreter import kda_kernels
-    from k3rocm.smoke.kda_numerics import LOWER_BOUND, autotuning_cached
-
-    kernels = kda_kernels(LOWER_BOUND)
-    tuners = [t for _, t in map(unwrap, kernels) if t is not None]
+    kernels = kda_kernels()
+    tuners = [t for _, t in map(jit_and_tuner, kernels) if t is not None]
     assert len(tuners) >= 6 and not any(t.cache_results for t in tuners)
     with autotuning_cached(kernels):
         assert all(t.cache_results for t in tuners)

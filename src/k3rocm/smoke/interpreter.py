@@ -1,5 +1,5 @@
-"""What vLLM 0.27.1's vendored AMD KDA Triton kernels need to run in the
-Triton interpreter (``TRITON_INTERPRET=1``: the CPU development profile and
+"""What vLLM's vendored AMD KDA Triton kernels (0.27.1's, 0.32.0's) need to
+run in the Triton interpreter (``TRITON_INTERPRET=1``: the CPU development profile and
 the tests), set for the duration of a ``with`` block and restored after.
 
 None of it changes what a kernel computes:
@@ -18,11 +18,24 @@ None of it changes what a kernel computes:
 from __future__ import annotations
 
 import builtins
+import importlib
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 _MISSING = object()
+
+# The modules of the Triton kernels a chunk KDA call and the recurrent
+# decodes run, in every release there is a line for (0.27.1 reaches them
+# through its precompiled launches, 0.32.0 through Triton's dispatcher).
+KDA_KERNEL_MODULES = (
+    "vllm.models.kimi_k3.amd.ops.third_party.kda.chunk",
+    "vllm.models.kimi_k3.amd.ops.third_party.kda.chunk_intra",
+    "vllm.models.kimi_k3.amd.ops.third_party.kda.chunk_intra_token_parallel",
+    "vllm.models.kimi_k3.amd.ops.third_party.kda.fused_recurrent",
+    "vllm.third_party.flash_linear_attention.ops.l2norm",
+    "vllm.third_party.flash_linear_attention.ops.chunk_delta_h",
+)
 
 
 class _Changes:
@@ -76,9 +89,8 @@ def make_interpretable(changes, kernel) -> None:
     change goes through ``changes.setattr`` / ``changes.setitem`` (a
     ``_Changes``, or pytest's monkeypatch, which undo them)."""
     import triton.language as tl
-    from vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch import unwrap
 
-    jit, tuner = unwrap(kernel)
+    jit, tuner = jit_and_tuner(kernel)
     if tuner is not None:
         changes.setattr(tuner, "configs", tuner.configs[:1])
     names = jit.fn.__globals__
@@ -102,24 +114,35 @@ def interpretable(kernels, *, gather: bool = False) -> Iterator[None]:
         for kernel in kernels:
             make_interpretable(changes, kernel)
         with warnings.catch_warnings():
-            # vLLM 0.27.1's kernels use tl.make_block_ptr, which Triton
-            # 3.7 calls deprecated, once per interpreted program.
+            # vLLM's kernels use tl.make_block_ptr, which Triton 3.7 calls
+            # deprecated, once per interpreted program.
             warnings.filterwarnings("ignore", "tl.make_block_ptr is deprecated")
             yield
     finally:
         changes.undo()
 
 
-def kda_kernels(lower_bound: float | None) -> list:
-    """The kernels of a chunk KDA call (``lower_bound`` picks the intra
-    kernel) and of the recurrent decode kernels."""
-    from vllm.models.kimi_k3.amd.ops.third_party.kda import (
-        fused_recurrent,
-        kda_chunk_launch,
-    )
+def jit_and_tuner(kernel) -> tuple[object, object | None]:
+    """The kernel under its heuristics and autotune decorators (a JIT
+    function, or the interpreter's stand-in), and its autotuner (None for a
+    kernel that is not autotuned)."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
 
-    return [
-        *(kda_chunk_launch.site_kernel(s, lower_bound) for s in kda_chunk_launch.SITES),
-        fused_recurrent.fused_recurrent_kda_fwd_kernel,
-        fused_recurrent.fused_recurrent_kda_packed_decode_kernel,
-    ]
+    tuner = None
+    while isinstance(kernel, Autotuner | Heuristics):
+        tuner = kernel if isinstance(kernel, Autotuner) else tuner
+        kernel = kernel.fn
+    return kernel, tuner
+
+
+def kda_kernels() -> list:
+    """Every Triton kernel of KDA_KERNEL_MODULES, once each (any
+    KernelInterface: compiled, interpreted or decorated)."""
+    from triton.runtime.jit import KernelInterface
+
+    found: dict[int, object] = {}
+    for name in KDA_KERNEL_MODULES:
+        for value in vars(importlib.import_module(name)).values():
+            if isinstance(value, KernelInterface):
+                found.setdefault(id(value), value)
+    return list(found.values())

@@ -180,12 +180,12 @@ def autotuning_cached(kernels) -> Iterator[None]:
     them: keyed by the kernel's source, the device, the tuning key and the
     configurations), so a start with a warm cache times no configuration
     again. Restored after; a Triton without the option is left alone."""
-    from vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch import unwrap
+    from k3rocm.smoke.interpreter import jit_and_tuner
 
     changed = []
     try:
         for kernel in kernels:
-            _, tuner = unwrap(kernel)
+            _, tuner = jit_and_tuner(kernel)
             if tuner is not None and getattr(tuner, "cache_results", None) is False:
                 changed.append(tuner)
                 tuner.cache_results = True
@@ -204,7 +204,7 @@ def measure(
     if device == "cuda":
         from k3rocm.smoke.interpreter import kda_kernels
 
-        kernels = kda_kernels(LOWER_BOUND) if cache_autotuning else []
+        kernels = kda_kernels() if cache_autotuning else []
         with autotuning_cached(kernels):
             poison_allocator()
             x = step_inputs(device, heads=heads)
@@ -212,7 +212,7 @@ def measure(
     from k3rocm.smoke.interpreter import interpretable, kda_kernels
 
     x = step_inputs(device)
-    with interpretable(kda_kernels(LOWER_BOUND)):
+    with interpretable(kda_kernels()):
         # Both calls would run the same vendored path here: one is enough.
         results = run_step(x, chunk_calls=1)
     return worst_excess(x, results, device)

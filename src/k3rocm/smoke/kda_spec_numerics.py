@@ -147,7 +147,7 @@ def measure(device: str, heads: int = INTERPRETER_HEADS) -> float:
         from k3rocm.smoke.interpreter import interpretable, kda_kernels
 
         x = step_inputs(device)
-        with interpretable(kda_kernels(LOWER_BOUND)):
+        with interpretable(kda_kernels()):
             out, pool = run_step(x)
     want_out, want_pool, tol = expected_step(x, device)
     return max(
