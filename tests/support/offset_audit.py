@@ -9,7 +9,8 @@ id, or a value the kernel loads) while neither operand is 64-bit yet.
 
 What counts as what (read off the source, no execution):
 - pointers: the names a kernel hands to tl.load / tl.store /
-  tl.make_block_ptr (the leftmost name of that argument), and the names
+  tl.make_block_ptr or to a tensor descriptor (`make_tensor_descriptor`,
+  vLLM 0.32.0's kernels; the leftmost name of that argument), and the names
   assigned from an expression that starts with a pointer;
 - run-time indices: names assigned from an expression holding
   `tl.program_id` or `tl.load`, or another such name, except a remainder
@@ -26,6 +27,8 @@ import ast
 from dataclasses import dataclass
 
 _POINTER_USERS = {"load", "store", "make_block_ptr", "atomic_add"}
+# vLLM 0.32.0's kernels import it from their utils and call it by name.
+_DESCRIPTOR = "make_tensor_descriptor"
 _SMALL_LITERAL = 64
 
 
@@ -46,6 +49,18 @@ def _is_tl_call(node: ast.AST, names: set[str]) -> bool:
         and node.func.attr in names
         and isinstance(node.func.value, ast.Name)
         and node.func.value.id == "tl"
+    )
+
+
+def _takes_a_pointer(node: ast.AST) -> bool:
+    """A call whose first argument is a pointer: tl's pointer users, or a
+    tensor descriptor, however it is named (tl.…, or imported)."""
+    if _is_tl_call(node, _POINTER_USERS | {_DESCRIPTOR}):
+        return True
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == _DESCRIPTOR
     )
 
 
@@ -80,7 +95,7 @@ class _Kernel:
     def _pointers(self) -> set[str]:
         pointers = set()
         for node in ast.walk(self.fn):
-            if _is_tl_call(node, _POINTER_USERS) and node.args:
+            if _takes_a_pointer(node) and node.args:
                 name = _leftmost_name(node.args[0])
                 if name:
                     pointers.add(name)
