@@ -1,13 +1,17 @@
-"""The patched GDN metadata builders of vLLM 0.27.1 on random batches that mix
-prefills, decodes, speculative decodes and padding.
+"""The patched GDN metadata builders of the installed vLLM (0.27.1 or 0.32.0)
+on random batches that mix prefills, decodes, speculative decodes and
+padding.
 
 - KimiK3ROCmKDAMetadataBuilder: the chunk metadata describes exactly the
   cu_seqlens the Kimi layer hands chunk KDA: the prefill slice
-  (``prefill_query_start_loc``; patch 0004 peels the decodes off to the
-  recurrent kernel, vLLM PR #50649), made on the device.
-- The generic builder with the series applied equals the unpatched 0.27.1
-  builder, field by field (a non-Kimi GDN layer keeps 0.27.1 behaviour),
-  and so does the Kimi builder: the same metadata, without the host copy.
+  (``prefill_query_start_loc``; vLLM PR #50649 peels the decodes off to the
+  recurrent kernel), made on the device.
+- The builder the series changes equals the release's own, field by field:
+  on 0.27.1 the generic builder (patch 0001 adds the hook; a non-Kimi GDN
+  layer keeps 0.27.1 behaviour, and so does the Kimi builder: the same
+  metadata, without the host copy); on 0.32.0 the Kimi builder (patch 0002
+  swaps upstream's one-program-per-sequence kernel for the chunk-block
+  grid: the same metadata).
 """
 
 import dataclasses
@@ -27,24 +31,41 @@ from support.gdn_batches import (
     lengths,
     make_builder,
 )
-from support.vllm_trees import installed_root
+from support.vllm_trees import SERIES, installed_root
 from vllm.models.kimi_k3.amd.kda_metadata import KimiK3ROCmKDAMetadataBuilder
 from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
 
+pytestmark = pytest.mark.every_line
 
-def load_unpatched_gdn_attn():
-    """vLLM 0.27.1's own gdn_attn.py, straight from the installed wheel."""
-    path = installed_root() / "vllm/v1/attention/backends/gdn_attn.py"
-    spec = importlib.util.spec_from_file_location("unpatched_gdn_attn", path)
+# The builder each release's series changes, the file it is in, and its class.
+CHANGED = {
+    "0.27.1": (
+        "generic",
+        "vllm/v1/attention/backends/gdn_attn.py",
+        "GDNAttentionMetadataBuilder",
+    ),
+    "0.32.0": (
+        "kimi",
+        "vllm/models/kimi_k3/amd/kda_metadata.py",
+        "KimiK3ROCmKDAMetadataBuilder",
+    ),
+}[SERIES.vllm_version]
+
+
+def load_unpatched_builder():
+    """That builder class as the installed wheel ships it."""
+    _, rel, name = CHANGED
+    spec = importlib.util.spec_from_file_location(
+        "unpatched_builder", installed_root() / rel
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert not hasattr(module.GDNAttentionMetadataBuilder, "_build_chunk_metadata")
-    return module
+    return getattr(module, name)
 
 
 @pytest.fixture(scope="module")
 def builders():
-    unpatched = load_unpatched_gdn_attn().GDNAttentionMetadataBuilder
+    unpatched = load_unpatched_builder()
     return {
         num_spec: {
             "kimi": make_builder(KimiK3ROCmKDAMetadataBuilder, num_spec),
@@ -92,9 +113,9 @@ def test_kimi_builder_describes_the_cu_seqlens_the_layer_passes(
 @pytest.mark.parametrize("num_spec", [0, NUM_SPEC], ids=["no-spec", "spec"])
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
-def test_generic_builder_equals_unpatched_field_by_field(builders, num_spec, data):
+def test_the_changed_builder_equals_unpatched_field_by_field(builders, num_spec, data):
     batch = data.draw(batches(with_spec=bool(num_spec)))
-    patched = build(builders[num_spec]["generic"], batch, num_spec)
+    patched = build(builders[num_spec][CHANGED[0]], batch, num_spec)
     unpatched = build(builders[num_spec]["unpatched"], batch, num_spec)
     names = [f.name for f in dataclasses.fields(unpatched)]
     assert [f.name for f in dataclasses.fields(patched)] == names

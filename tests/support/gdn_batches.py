@@ -1,23 +1,35 @@
-"""Batches for the GDN metadata builders of vLLM 0.27.1, in the order vLLM's
-reordering gives them, and the checks both the builder and the layer tests
-make against the reference."""
+"""Batches for the GDN metadata builders of vLLM (0.27.1, 0.32.0), in the
+order vLLM's reordering gives them, and the checks both the builder and the
+layer tests make against the reference."""
 
 import dataclasses
+import functools
+import tempfile
+from pathlib import Path
 
 import torch
 from hypothesis import strategies as st
-from vllm.config import SpeculativeConfig, VllmConfig
+from vllm.config import ModelConfig, SpeculativeConfig, VllmConfig
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from vllm.v1.kv_cache_interface import MambaSpec
 
 from k3rocm.smoke.chunk_reference import reference_chunk_metadata
+from k3rocm.tryout.tiny_model import build_tiny_llama
 
 NUM_SPEC = 2
 
 
+@functools.cache
+def _model_config() -> ModelConfig:
+    """A real model's config (the tiny Llama's): 0.32.0's GDN builder reads
+    the model's head sizes from it when it picks a prefill backend."""
+    directory = Path(tempfile.mkdtemp(prefix="k3-gdn-model-"))
+    return ModelConfig(model=str(build_tiny_llama(directory)), dtype="float32")
+
+
 def make_builder(cls, num_spec: int):
-    config = VllmConfig()
+    config = VllmConfig(model_config=_model_config())
     if num_spec:
         config.speculative_config = SpeculativeConfig(
             method="ngram",
@@ -69,6 +81,13 @@ class Batch:
         query_start_loc[1:] = query_lens.cumsum(0)
         seq_lens = query_lens + torch.tensor(self.context_lens, dtype=torch.int32)
         num_reqs = len(query_lens)
+        # 0.32.0's builder tells first chunks from resumed ones by the host's
+        # sequence lengths (exact here: no asynchronous speculation).
+        since_0_32 = {
+            name: seq_lens.clone()
+            for name in ("seq_lens_cpu_upper_bound",)
+            if name in {f.name for f in dataclasses.fields(CommonAttentionMetadata)}
+        }
         return CommonAttentionMetadata(
             query_start_loc=query_start_loc,
             query_start_loc_cpu=query_start_loc.clone(),
@@ -81,6 +100,7 @@ class Batch:
                 num_reqs * (num_spec + 1), dtype=torch.int32
             ).reshape(num_reqs, num_spec + 1),
             slot_mapping=torch.zeros(int(query_lens.sum()), dtype=torch.int64),
+            **since_0_32,
         )
 
 
