@@ -1,8 +1,8 @@
 """docker/Dockerfile and its build steps, without a Docker engine: the linters
 on the files, the tag scheme, scripts/build-image's printed commands, and
 each step of docker/build-steps.sh run for real on a copy of the installed
-vLLM 0.27.1 (the only stand-in: a ROCm version file, since no ROCm exists
-here)."""
+vLLM (0.27.1, or 0.32.0 in that line's environment; the only stand-in: a
+ROCm version file, since no ROCm exists here)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.vllm_trees import REPO, copy_tree, installed_root
+from support.vllm_trees import REPO, SERIES, copy_tree, installed_root
 
-from k3rocm.patchtool.lines import default_line_dir
+from k3rocm.patchtool.lines import default_line_dir, line_versions
 from k3rocm.patchtool.series import Series
-from k3rocm.supply_chain.image import BASE_IMAGE, ROCM_VERSION, image_tag
+from k3rocm.supply_chain.image import ROCM_VERSION, base_image, image_tag
 
-SERIES = Series(default_line_dir(REPO / "patches"))
+# The Dockerfile's defaults build the default line.
+DEFAULT_SERIES = Series(default_line_dir(REPO / "patches"))
 BIN = Path(sys.executable).parent
 BUILD_STEPS = REPO / "docker" / "build-steps.sh"
 DOCKERFILE = REPO / "docker" / "Dockerfile"
@@ -55,9 +56,9 @@ def dockerfile_arg(name: str) -> str:
 
 def test_dockerfile_shape():
     text = DOCKERFILE.read_text()
-    assert dockerfile_arg("BASE_IMAGE") == BASE_IMAGE
+    assert dockerfile_arg("BASE_IMAGE") == base_image(DEFAULT_SERIES)
     assert dockerfile_arg("ROCM_VERSION") == ROCM_VERSION
-    assert dockerfile_arg("K3_VLLM_VERSION") == SERIES.vllm_version
+    assert dockerfile_arg("K3_VLLM_VERSION") == DEFAULT_SERIES.vllm_version
     # Thin: every RUN is a build step the tests run.
     runs = re.findall(r"^RUN (.*)$", text.replace("\\\n", " "), re.M)
     steps = re.findall(r"build-steps\.sh (\w+)", " ".join(runs))
@@ -91,33 +92,44 @@ def test_dockerfile_names_versions_only_in_build_argument_defaults():
 
 
 def test_tag_scheme():
-    assert image_tag(SERIES) == f"0.27.1-rocm{ROCM_VERSION}-{SERIES.revision}"
-    assert image_tag(SERIES, "7.3") == f"0.27.1-rocm7.3-{SERIES.revision}"
+    version = SERIES.vllm_version
+    assert image_tag(SERIES) == f"{version}-rocm{ROCM_VERSION}-{SERIES.revision}"
+    assert image_tag(SERIES, "7.3") == f"{version}-rocm7.3-{SERIES.revision}"
 
 
-def test_build_image_prints_the_build_without_a_docker_engine(tmp_path):
+def build_image(tmp_path, *args: str) -> subprocess.CompletedProcess:
     # A PATH whose `docker` cannot reach an engine (or is absent, as in CI).
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "build-image"), "--push"],
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "build-image"), *args],
         capture_output=True,
         text=True,
         env=env,
         timeout=60,
     )
+
+
+@pytest.mark.parametrize("line", [None, *line_versions(REPO / "patches")])
+def test_build_image_prints_the_build_without_a_docker_engine(tmp_path, line):
+    """Each release line's build (--line), and the default line's without it:
+    its tag, its vLLM, its series, vLLM's ROCm image of its vLLM as the base."""
+    series = Series(REPO / "patches" / line if line else default_line_dir())
+    result = build_image(tmp_path, "--push", *(["--line", line] if line else []))
     assert result.returncode == 0, result.stderr
     assert "no Docker engine reachable" in result.stderr
     lines = result.stdout.splitlines()
     build = shlex.split(next(line for line in lines if line.startswith("docker build")))
-    tag = image_tag(SERIES)
+    tag = image_tag(series)
     assert build[build.index("--tag") + 1] == f"kimi-k3-rocm:{tag}"
     assert build[build.index("--file") + 1] == "docker/Dockerfile"
     args = dict(
         build[i + 1].split("=", 1) for i, a in enumerate(build) if a == "--build-arg"
     )
-    assert args["BASE_IMAGE"] == BASE_IMAGE
+    assert args["BASE_IMAGE"] == base_image(series)
+    assert args["BASE_IMAGE"] == f"vllm/vllm-openai-rocm:v{series.vllm_version}"
+    assert args["K3_VLLM_VERSION"] == series.vllm_version
     assert args["K3_IMAGE_VERSION"] == tag
-    assert args["K3_SERIES_ID"] == SERIES.series_id
+    assert args["K3_SERIES_ID"] == series.series_id
     assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", args["K3_GIT_REVISION"])
     # Immutable tags: the push is guarded by a registry lookup.
     guard = next(line for line in lines if "manifest inspect" in line)
@@ -155,6 +167,7 @@ def patch_step_env(tree: Path, rocm_root: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.every_line
 def test_patch_step_applies_the_series_and_finish_records_it(tmp_path, rocm_root):
     tree = copy_tree(installed_root(), tmp_path / "site")
     env = patch_step_env(tree, rocm_root)
@@ -179,7 +192,7 @@ def test_patch_step_applies_the_series_and_finish_records_it(tmp_path, rocm_root
     )
     assert finished.returncode == 0, finished.stderr
     versions = json.loads((root / "etc" / "k3rocm" / "versions.json").read_text())
-    assert versions["vllm"] == "0.27.1"
+    assert versions["vllm"] == SERIES.vllm_version
     assert versions["patch_series"] == SERIES.series_id
     assert versions["rocm"] == "7.2.0-43"
     assert versions["image_tag"] == image_tag(SERIES)
@@ -191,9 +204,10 @@ def test_patch_step_applies_the_series_and_finish_records_it(tmp_path, rocm_root
     assert (root / "run" / "k3rocm").stat().st_uid == 4242
 
 
+@pytest.mark.every_line
 def test_patch_step_fails_the_build_on_a_drifted_base(tmp_path, rocm_root):
     tree = copy_tree(installed_root(), tmp_path / "site")
-    drifted = tree / "vllm" / "v1" / "attention" / "backends" / "gdn_attn.py"
+    drifted = tree / sorted(SERIES.pristine_files)[0]
     drifted.write_text(drifted.read_text() + "\n# drift\n")
     env = patch_step_env(tree, rocm_root)
     result = build_step("patch", **env)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from support.vllm_trees import CACHE, REPO, UPSTREAM_TREE, installed_root
 
-from k3rocm.patchtool.lines import default_line_dir
+from k3rocm.patchtool.lines import default_line_dir, installed_line_dir
 from k3rocm.patchtool.series import Series
 from k3rocm.patchtool.triage import render
 from k3rocm.patchtool.triage_file import (
@@ -345,3 +345,19 @@ def test_units_are_functions_methods_class_bodies_and_assignments():
     } == {"g"}
     with pytest.raises(TriageError, match="not valid Python"):
         module_units("def (:\n", "x.py")
+
+
+@pytest.mark.every_line
+def test_the_installed_lines_triage_covers_the_releases_its_series_pins():
+    """The triage of the installed vLLM's line (0.27.1's in .venv, 0.32.0's
+    in .venv-0.32.0), run as an operator runs it: base the installed vLLM,
+    then the releases that line's series pins for the tests (the one before
+    the newest, the newest; scripts/fetch-vllm-artifacts fetches them)."""
+    line = Series(installed_line_dir())
+    triage = shipped_triage(line)
+    pinned = [line.manifest["artifacts"][n] for n in ("vllm-previous", "vllm-newest")]
+    result = run(*(str(CACHE / "artifacts" / spec["file"]) for spec in pinned))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("sha256 verified") == 2
+    assert " 0 uncovered, 0 stale" in result.stdout
+    assert pinned[-1]["requirement"] == f"vllm=={triage.through}"
