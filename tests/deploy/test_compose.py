@@ -148,7 +148,7 @@ def test_images_are_pinned_and_the_build_matches_the_series():
     assert build["dockerfile"] == "docker/Dockerfile" and build["context"] == "."
     assert build["args"]["K3_IMAGE_VERSION"] == tag, "update compose.yaml's build"
     assert build["args"]["K3_SERIES_ID"] == series.series_id, (
-        "update compose.yaml's build args to the series (README, Upgrading vLLM)"
+        "update compose.yaml's build args to the series (k3rocm pins --write)"
     )
     base = VARIABLE.fullmatch(build["args"]["BASE_IMAGE"])
     assert base.group(1) == "K3_BASE_IMAGE" and base.group(3) == BASE_IMAGE

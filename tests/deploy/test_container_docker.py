@@ -33,15 +33,12 @@ from support.docker_images import (
     server_logs,
     vllm_processes,
 )
-from support.vllm_trees import REPO
+from support.vllm_trees import REPO, SERIES
 
-from k3rocm.patchtool.lines import default_line_dir
-from k3rocm.patchtool.series import Series
 from k3rocm.supply_chain.image import image_tag
 from k3rocm.tryout.tiny_model import MAX_POSITIONS
 
 pytestmark = pytest.mark.docker
-SERIES = Series(default_line_dir(REPO / "patches"))
 STREAMS = 16
 # Long enough to be in flight when the stop comes on a fast machine (300 was
 # not: a CI machine finished them first), short enough for a 90 s drain.
@@ -65,6 +62,7 @@ def served(image, model):
         yield container
 
 
+@pytest.mark.every_line
 def test_image_records_what_it_is(image):
     probe = docker(
         "run",
@@ -93,6 +91,7 @@ def test_image_records_what_it_is(image):
     assert labels["k3rocm.vllm.version"] == SERIES.vllm_version
 
 
+@pytest.mark.every_line
 def test_served_container_is_healthy_by_its_own_check_and_passes_smoke(served):
     assert served.health() == "healthy"
     report = json.loads(served.read("/run/k3rocm/smoke-report.json"))
@@ -115,6 +114,7 @@ def test_start_up_phases_are_on_the_status_endpoint_from_the_start(served):
     assert served.phase() == "serving"
 
 
+@pytest.mark.every_line
 def test_a_sampled_completion_answers(served):
     status, body = http(
         f"{served.base_url}/v1/completions",
@@ -161,6 +161,7 @@ def _health_status(container: Container) -> int | None:
         return None
 
 
+@pytest.mark.every_line
 def test_docker_stop_drains_every_accepted_stream(served):
     """Last in this module: it stops the served container."""
     streams = [
@@ -256,6 +257,7 @@ signal.signal(signal.SIGUSR1, hang_forever_in_a_sleep)
 """
 
 
+@pytest.mark.every_line
 def test_a_hung_engine_without_any_capability_still_logs_its_stacks(
     image, model, tmp_path
 ):

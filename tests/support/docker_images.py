@@ -28,7 +28,7 @@ import pytest
 from k3rocm.tryout.cpu import CPU_SERVER_ENV, CPU_SETTINGS
 from k3rocm.tryout.monitoring import DEBIAN_SERVERS, debian_image
 from support.vllm_server import free_port
-from support.vllm_trees import REPO
+from support.vllm_trees import REPO, SERIES
 
 TEST_REPO = "k3rocm-test"
 STANDIN_SCRIPT = REPO / "scripts" / "standin-base"
@@ -60,8 +60,11 @@ def require_engine() -> None:
 
 
 def build_standin(variant: str = "plain") -> str:
+    """The stand-in base of the installed vLLM's line (each line's tests
+    build that line's image)."""
+    line = ("--line", SERIES.vllm_version)
     result = subprocess.run(
-        [sys.executable, str(STANDIN_SCRIPT), "build", "--variant", variant],
+        [sys.executable, str(STANDIN_SCRIPT), "build", "--variant", variant, *line],
         capture_output=True,
         text=True,
         timeout=1800,
@@ -88,6 +91,8 @@ def build_image(base: str) -> str:
             base,
             "--repo",
             TEST_REPO,
+            "--line",
+            SERIES.vllm_version,
         ],
         capture_output=True,
         text=True,
