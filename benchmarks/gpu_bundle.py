@@ -6,6 +6,12 @@ k3.6's launch module beside the patched one (gpu_peel.py times its
 recurrent launch against this revision's in one process).
 
     .venv/bin/python benchmarks/gpu_bundle.py
+    .venv-0.32.0/bin/python benchmarks/gpu_bundle.py   # then: .gpu/line-0.32.0/
+
+Run in another release line's environment it bundles that line into
+.gpu/line-<version>/ (the scripts read it with K3_LINE=<version>): its
+patched and pristine kernel files, and as "upstream" that release's own
+metadata builder module. Bundle the default line first: it replaces .gpu/.
 """
 
 import shutil
@@ -16,9 +22,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from support.vllm_trees import UPSTREAM_TREE, installed_root, patched_tree  # noqa: E402
+from support.vllm_trees import (  # noqa: E402
+    SERIES,
+    UPSTREAM_TREE,
+    installed_root,
+    patched_tree,
+)
 
-BUNDLE = REPO / ".gpu"
+from k3rocm.patchtool.lines import default_line_dir  # noqa: E402
+
+DEFAULT_LINE = SERIES.directory == default_line_dir()
+BUNDLE = REPO / ".gpu" / ("" if DEFAULT_LINE else f"line-{SERIES.vllm_version}")
 KERNEL_FILES = [
     "vllm/utils/math_utils.py",
     *(
@@ -70,6 +84,8 @@ K36_MODULE = "vllm/models/kimi_k3/amd/ops/third_party/kda/kda_chunk_launch_k36.p
 
 def copy(src_root: Path, dest_root: Path, files: list[str]) -> None:
     for rel in files:
+        if not DEFAULT_LINE and not (src_root / rel).is_file():
+            continue  # another line's series has fewer modules
         (dest_root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src_root / rel, dest_root / rel)
     # An empty package root of our own, so an installed vLLM elsewhere on
@@ -100,6 +116,11 @@ def main() -> None:
     shutil.rmtree(BUNDLE, ignore_errors=True)
     copy(patched_tree(), BUNDLE / "patched", [*KERNEL_FILES, *SERIES_MODULES])
     copy(installed_root(), BUNDLE / "pristine", KERNEL_FILES)
+    if not DEFAULT_LINE:
+        # The release's own metadata builder module is the upstream side.
+        copy(installed_root(), BUNDLE / "upstream", [SERIES_MODULE])
+        print(f"bundle in {BUNDLE}")
+        return
     copy(UPSTREAM_TREE, BUNDLE / "upstream", [SERIES_MODULE])
     save_previous_kernel()
     k36 = git_show(K36, K36_SOURCE)

@@ -15,7 +15,9 @@ context, so each case runs in a process of its own:
     python3 benchmarks/gpu_long_steps.py patched 96 104000   # one case
 
 needs .gpu/ (gpu_bundle.py): "patched" is series k3.7 with patch 0012,
-"pristine" vLLM 0.27.1's own kernels.
+"pristine" vLLM 0.27.1's own kernels; with K3_LINE=0.32.0 the 0.32.0
+line's bundle: its series (patch 0003) and 0.32.0's own kernels, through
+vLLM's dispatcher only (that series has no precompiled launches).
 """
 
 import json
@@ -103,12 +105,16 @@ def run_case(tree: str, heads: int, tokens: int) -> dict:
     everything = list(range(len(lengths)))
     start = time.perf_counter()
     big = [call(everything, with_metadata=tree == "patched")]
-    if tree == "patched":
-        from vllm.models.kimi_k3.amd.ops.third_party.kda import kda_chunk_launch
-
+    try:  # a line whose series has the precompiled launches (0.27.1's 0005)
+        from vllm.models.kimi_k3.amd.ops.third_party.kda import (
+            kda_chunk_launch as launches,
+        )
+    except ImportError:
+        launches = None
+    if tree == "patched" and launches is not None:
         big.append(call(everything, with_metadata=True))
         # 1: the first call of the kind; the second took the launches.
-        result["vendored_calls"] = kda_chunk_launch.STATS["vendored_calls"]
+        result["vendored_calls"] = launches.STATS["vendored_calls"]
     result["one_call_s"] = round(time.perf_counter() - start, 2)
     small_o = torch.empty_like(big[0][0])
     small_final = torch.empty_like(big[0][1])

@@ -19,6 +19,10 @@
 #                                          # gpu_peel.py at 12 heads against 0.27.1's
 #                                          # layer, then gpu_spec.py; each under a
 #                                          # time limit
+#     K3_LINE=0.32.0 bash benchmarks/gpu_run.sh line  # another release line's
+#                                          # bundle (.gpu/line-0.32.0): the long
+#                                          # steps on its own and its series'
+#                                          # kernels, compiles after ready
 set -uo pipefail
 export OUT=${OUT:-/tmp/k3-gpu} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -94,6 +98,12 @@ scenario_heads() {
     run spec timeout "${K3_SPEC_LIMIT:-150}" python3 gpu_spec.py
 }
 
+scenario_line() {
+    [ -n "${K3_LINE:-}" ] || { echo "line: set K3_LINE (a line's version)" >&2; exit 2; }
+    run long_steps python3 gpu_long_steps.py
+    run compiles python3 gpu_compiles.py
+}
+
 scenario=${1:-all}
 case $scenario in
 all) scenario_all ;;
@@ -104,8 +114,9 @@ reference-peel)
 peel) run peel python3 gpu_peel.py ;;
 reference) scenario_reference ;;
 heads) scenario_heads ;;
+line) scenario_line ;;
 *)
-    echo "usage: gpu_run.sh [all|reference-peel|peel|reference|heads]" >&2
+    echo "usage: gpu_run.sh [all|reference-peel|peel|reference|heads|line]" >&2
     exit 2
     ;;
 esac

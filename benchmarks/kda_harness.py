@@ -11,7 +11,11 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-BUNDLE = REPO / ".gpu"
+# The default line's bundle, or with K3_LINE=<version> another line's
+# (gpu_bundle.py run in that line's environment).
+BUNDLE = (
+    REPO / ".gpu" / (f"line-{os.environ['K3_LINE']}" if "K3_LINE" in os.environ else "")
+)
 HEAD_DIM = 128  # Kimi-K3 KDA head size
 # Kimi-K3's 96 KDA heads at TP8 (vLLM #52803: "TP8 is 12 heads per rank");
 # tep16 runs 6, dep16 96 (K3_HEADS=6 or 96 for those spot checks). Runs
@@ -25,6 +29,16 @@ def load_tree(tree: str):
     import vllm_shims
 
     vllm_shims.install()
+    # Kernels that build tensor descriptors in the kernel (0.32.0's) need a
+    # scratch allocator on an NVIDIA GPU (not on AMD's); vLLM sets the same
+    # one where its own such kernels run (vllm.triton_utils.allocation).
+    import triton
+
+    triton.set_allocator(
+        lambda size, alignment, stream: torch.empty(
+            size, device="cuda", dtype=torch.int8
+        )
+    )
     import vllm.models.kimi_k3.amd.ops.third_party.kda as kda_ops
 
     return kda_ops
