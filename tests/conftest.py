@@ -18,12 +18,26 @@ from support.registry import PUSHED, build_image_push, running_registry
 from k3rocm.patchtool.lines import default_line_dir, installed_line_dir
 from k3rocm.tryout.tiny_model import build_for_containers
 
+# An environment of another release line than the default (.venv-<line>,
+# scripts/test) runs only the tests marked every_line: the rest are about the
+# default line's own vLLM (its bugs, its triage, its image, its launches).
+OTHER_LINE = installed_line_dir() != default_line_dir()
+
+
+def pytest_ignore_collect(collection_path, config):
+    """There, a test file that marks nothing every_line is not even imported
+    (it may import what only the default line's series ships)."""
+    if OTHER_LINE and collection_path.suffix == ".py":
+        name = collection_path.name
+        if name.startswith("test_") and "every_line" not in collection_path.read_text():
+            return True
+    return None
+
 
 def pytest_collection_modifyitems(config, items):
-    """In an environment of another line than the default (.venv-<line>,
-    scripts/test), only the tests marked every_line run: the rest are about
-    the default line's own vLLM (its bugs, its triage, its image)."""
-    if installed_line_dir() == default_line_dir():
+    """There, of the files collected, the tests not marked every_line are
+    deselected."""
+    if not OTHER_LINE:
         return
     kept = [item for item in items if item.get_closest_marker("every_line")]
     dropped = [item for item in items if not item.get_closest_marker("every_line")]

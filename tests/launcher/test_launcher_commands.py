@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from k3rocm.common.setting_table import KDA_METADATA_PATHS
+from k3rocm.common.setting_table import KDA_METADATA_OFFERED
 from k3rocm.common.vllm_release import TARGET
 from k3rocm.launcher.__main__ import main
 
@@ -374,7 +374,7 @@ def test_the_dry_run_refuses_what_the_container_start_refuses(capsys):
     env = {**BASE_ENV, "K3_KDA_METADATA": "sideways", "K3_STALL_SECONDS": "-1"}
     assert main(["--dry-run"], env) == 2
     err = capsys.readouterr().err
-    paths = ", ".join(KDA_METADATA_PATHS)
+    paths = ", ".join(KDA_METADATA_OFFERED)
     assert f"K3_KDA_METADATA is 'sideways'; set one of {paths}" in err
     assert "K3_STALL_SECONDS" in err
     assert "export K3_KDA_METADATA" not in err

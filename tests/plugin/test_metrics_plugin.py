@@ -14,13 +14,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from support.vllm_trees import SERIES
 from vllm.v1.metrics.stats import SchedulerIterationDetails, SchedulerStats
 
-from k3rocm.common.setting_table import KDA_METADATA_PATHS
+from k3rocm.common.setting_table import KDA_METADATA_OFFERED
 from k3rocm.plugin import build_info, metrics, smoke_verdict
 
 pytestmark = pytest.mark.every_line
 
 # legacy is a path only where the release has one (0.27.1, not 0.32.0).
-LEGACY_LABEL = "legacy" if "legacy" in KDA_METADATA_PATHS else "invalid"
+LEGACY_LABEL = "legacy" if "legacy" in KDA_METADATA_OFFERED else "invalid"
 
 
 def details(ctx_reqs: int, gen_reqs: int, *, dummy: bool = False, ms: float = 4.0):

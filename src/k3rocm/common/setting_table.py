@@ -314,8 +314,10 @@ FORENSICS_DIR = _container(
 # (the stall-free prefill path), or vLLM 0.27.1's own build (its `.tolist()`
 # stall), so that one image can be compared against itself. Both carry the
 # correctness fixes (vLLM #50649): the A/B is stall against no stall.
-# A release whose own path does not stall (0.32.0) has no legacy to pick.
-KDA_METADATA_PATHS = ("device", "legacy") if TARGET.legacy_kda_backend else ("device",)
+KDA_METADATA_PATHS = ("device", "legacy")
+# The paths the installed release offers: one whose own path does not stall
+# (0.32.0) has no legacy to pick.
+KDA_METADATA_OFFERED = KDA_METADATA_PATHS[: 2 if TARGET.legacy_kda_backend else 1]
 KDA_METADATA = _container(
     "kda_metadata",
     KDA_METADATA_PATHS[0],
@@ -329,7 +331,7 @@ KDA_METADATA = _container(
         else f"vLLM {TARGET_VERSION} builds it on the GPU too: there is no "
         "stalling path to compare with."
     ),
-    kind=OneOf(KDA_METADATA_PATHS),
+    kind=OneOf(KDA_METADATA_OFFERED),
     readers=("smoke", "plugin.build_info", "launcher", "accept"),
 )
 

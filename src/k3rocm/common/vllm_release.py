@@ -221,10 +221,10 @@ RELEASES = {
 }
 # 0.32.0: the OpenAI server and its parser moved to vllm.entrypoints.launchers
 # (the old module is a deprecated shim); --gpu-memory-utilization gained an
-# alias; a new unguarded route publishes the
-# KV-event sources; Kimi-K3 on ROCm runs amd/kda.py's layer, whose builder
-# already makes the metadata on the device (upstream's own backend of the
-# series' name, vLLM #51862), so there is no stalling path to compare with.
+# alias; a new unguarded route publishes the KV-event sources; Kimi-K3 on
+# ROCm runs amd/kda.py's layer, whose builder already makes the metadata on
+# the device (upstream's own backend of the series' name, vLLM #51862), so
+# there is no stalling path to compare with.
 RELEASES["0.32.0"] = replace(
     RELEASES["0.27.1"],
     version="0.32.0",
