@@ -23,6 +23,10 @@
 #                                          # bundle (.gpu/line-0.32.0): the long
 #                                          # steps on its own and its series'
 #                                          # kernels, compiles after ready
+#     bash benchmarks/gpu_run.sh spec-lines  # gpu_spec.py on the 0.32.0
+#                                          # line at 12, 6 and 96 heads, then
+#                                          # on the default line at 12 heads
+#                                          # (needs both bundles)
 set -uo pipefail
 export OUT=${OUT:-/tmp/k3-gpu} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -104,6 +108,22 @@ scenario_line() {
     run compiles python3 gpu_compiles.py
 }
 
+scenario_spec_lines() {
+    local heads
+    for heads in 12 6 96; do
+        mkdir -p "$OUT/line-$heads"
+        run "spec 0.32.0 $heads heads" env K3_LINE=0.32.0 K3_HEADS=$heads \
+            K3_SPEC_SECONDS="${K3_SPEC_SECONDS:-30}" OUT="$OUT/line-$heads" \
+            timeout "${K3_SPEC_LIMIT:-150}" python3 gpu_spec.py >"/tmp/spec-line-$heads.log"
+        tail -n 5 "/tmp/spec-line-$heads.log"
+    done
+    mkdir -p "$OUT/default-12"
+    run "spec 0.27.1 12 heads" env K3_HEADS=12 K3_SPEC_SECONDS=10 \
+        K3_SPEC_COMPILE_SECONDS=5 OUT="$OUT/default-12" \
+        timeout "${K3_SPEC_LIMIT:-150}" python3 gpu_spec.py >/tmp/spec-default-12.log
+    tail -n 5 /tmp/spec-default-12.log
+}
+
 scenario=${1:-all}
 case $scenario in
 all) scenario_all ;;
@@ -115,8 +135,9 @@ peel) run peel python3 gpu_peel.py ;;
 reference) scenario_reference ;;
 heads) scenario_heads ;;
 line) scenario_line ;;
+spec-lines) scenario_spec_lines ;;
 *)
-    echo "usage: gpu_run.sh [all|reference-peel|peel|reference|heads|line]" >&2
+    echo "usage: gpu_run.sh [all|reference-peel|peel|reference|heads|line|spec-lines]" >&2
     exit 2
     ;;
 esac

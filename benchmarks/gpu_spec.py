@@ -29,6 +29,13 @@ count (kda_harness.HEADS_PER_RANK: 12 at TP8), with the kernel files of
 3. "host time": median host microseconds per call (launch only, no sync)
    of the spec fused_recurrent_kda call vs the non-spec recurrent call
    (1-D state indices) and the packed decode, at 8 and 32 requests.
+4. "launch costs" (GPU only): the same three calls, each against Triton's
+   dispatcher and a direct launch of the same binary (benchmarks/
+   launch_costs.py: what a precompiled launch would save), GPU time beside.
+
+With K3_LINE=<version> it runs another release line's bundle (.gpu/line-
+<version>): 0.32.0's kernels as series k4.0 ships them, its spec calls with
+the uniform length its layer passes.
 
 Partial JSON is written to $OUT/spec.json after each part.
 
@@ -37,6 +44,7 @@ Partial JSON is written to $OUT/spec.json after each part.
                                                   # 2 heads, a few tiny steps
 """
 
+import inspect
 import json
 import os
 import random
@@ -79,6 +87,12 @@ W = NUM_SPEC + 1  # block table columns
 LOWER_BOUND = -5.0
 F64 = torch.float64
 SCALE = K**-0.5
+# 0.32.0's wrapper takes the spec requests' common length (its layer passes
+# it when they are all alike); 0.27.1's has no such argument.
+UNIFORM_ARGUMENT = (
+    "uniform_sequence_length"
+    in inspect.signature(fused_recurrent.fused_recurrent_kda).parameters
+)
 # bf16 inputs as served; the dry run's interpreter has no bf16 constants
 DT = torch.float32 if DRY else torch.bfloat16
 
@@ -333,7 +347,7 @@ def run_kernels(x, s):
             q=x["q"], k=x["k"], v=x["v"], raw_g=x["raw_g"], raw_beta=x["raw_beta"],
             A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND,
             initial_state=pool, cu_seqlens=cu, ssm_state_indices=table,
-            num_accepted_tokens=acc, out=out,
+            num_accepted_tokens=acc, out=out, **uniform(s["spec"]),
         )  # fmt: skip
         return out[0], pool
     # mixed: index_select'ed spec tokens, kernel's own output, merged after
@@ -344,7 +358,7 @@ def run_kernels(x, s):
         raw_beta=x["raw_beta"][:, sl].contiguous(), A_log=x["A_log"],
         dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND, initial_state=pool,
         cu_seqlens=cu, ssm_state_indices=table[:n_spec],
-        num_accepted_tokens=acc,
+        num_accepted_tokens=acc, **uniform(s["spec"]),
     )  # fmt: skip
     ns_cu, ns_cu_cpu = cu_of(ns_lens)
     ns_slots = table[n_spec:, 0]  # column 0: a strided view
@@ -564,8 +578,34 @@ def host_part(calls: int) -> dict:
     return results
 
 
-def host_round(n: int, rng, calls: int, results: dict) -> None:
-    """One request count's timings into ``results``."""
+def launch_part(calls: int) -> dict:
+    """Per call: the wrapper against Triton's dispatcher and a direct
+    launch of the same binary (what a precompiled launch would save),
+    GPU time beside (launch_costs)."""
+    import launch_costs
+
+    rng = random.Random(3)
+    return {
+        f"{n} requests: {name}": launch_costs.compare(
+            fused_recurrent, kernel, fn, outputs, reps=calls
+        )
+        for n in (8, 32)
+        for name, (fn, kernel, outputs) in recurrent_calls(n, rng).items()
+    }
+
+
+def uniform(spec: list[int]) -> dict:
+    """What 0.32.0's layer adds to a spec call whose requests all have the
+    same length (its static-length kernel variants); releases whose
+    wrapper has no such argument get nothing."""
+    if UNIFORM_ARGUMENT and spec and len(set(spec)) == 1:
+        return {"uniform_sequence_length": spec[0]}
+    return {}
+
+
+def recurrent_calls(n: int, rng) -> dict:
+    """The three recurrent calls of n requests as the layer makes them:
+    name -> (call, the kernel it launches, the tensors it writes)."""
     s_spec = {
         "spec": [W] * n, "accepted": [rng.randint(1, W) for _ in range(n)],
         "decodes": 0, "prefills": [], "has_init": [], "kind": "spec-only",
@@ -586,6 +626,7 @@ def host_round(n: int, rng, calls: int, results: dict) -> None:
             raw_beta=x["raw_beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
             lower_bound=LOWER_BOUND, initial_state=x["pool"], cu_seqlens=cu,
             ssm_state_indices=x["table"], num_accepted_tokens=acc, out=out,
+            **uniform(s_spec["spec"]),
         )  # fmt: skip
 
     def non_spec():
@@ -603,11 +644,29 @@ def host_round(n: int, rng, calls: int, results: dict) -> None:
             initial_state=x["pool"], state_indices=col,
         )  # fmt: skip
 
-    for name, fn in (
-        ("spec fused_recurrent_kda (2-D table, accepted)", spec),
-        ("non-spec fused_recurrent_kda (1-D strided indices)", non_spec),
-        ("packed decode (strided column)", packed),
-    ):
+    recurrent = "fused_recurrent_kda_fwd_kernel"
+    return {
+        "spec fused_recurrent_kda (2-D table, accepted)": (
+            spec,
+            recurrent,
+            lambda: [out, x["pool"]],
+        ),
+        "non-spec fused_recurrent_kda (1-D strided indices)": (
+            non_spec,
+            recurrent,
+            lambda: [dout, x["pool"]],
+        ),
+        "packed decode (strided column)": (
+            packed,
+            "fused_recurrent_kda_packed_decode_kernel",
+            lambda: [x["pool"]],
+        ),
+    }
+
+
+def host_round(n: int, rng, calls: int, results: dict) -> None:
+    """One request count's timings into ``results``."""
+    for name, (fn, _, _) in recurrent_calls(n, rng).items():
         for _ in range(1 if DRY else 20):  # warm-up (compiles)
             fn()
         if not DRY:
@@ -658,6 +717,8 @@ def main():
         ),
         ("host time", lambda: host_part(2 if DRY else 400)),
     ]
+    if not DRY:
+        parts.append(("launch costs", lambda: launch_part(400)))
     report["poison works"] = poison_works()
     status = 0
     if DRY:  # what the interpreter needs of the kernels (the smoke test's)
@@ -670,7 +731,7 @@ def main():
         platform = sys.modules["vllm.platforms"].current_platform
         stack.callback(setattr, type(platform), "is_cuda", type(platform).is_cuda)
         type(platform).is_cuda = staticmethod(lambda: False)
-        stack.enter_context(interpretable(kda_kernels(LOWER_BOUND)))
+        stack.enter_context(interpretable(kda_kernels()))
     for name, part in parts:
         t0 = time.perf_counter()
         try:
