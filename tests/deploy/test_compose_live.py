@@ -174,6 +174,7 @@ def health(container: str) -> str:
     return state.get("Health", {}).get("Status", "none")
 
 
+@pytest.mark.every_line
 def test_the_server_comes_up_healthy_with_its_api_key(project):
     server = project["server"]
     wait_for(
@@ -191,13 +192,14 @@ def test_the_server_comes_up_healthy_with_its_api_key(project):
     assert status == 200, answer
 
 
+@pytest.mark.every_line
 def test_the_live_server_walks_like_its_route_table(project):
-    """Every route of vLLM 0.27.1's route table, asked of the running
-    server (the image's launcher, its API key set): 401 without the key and
-    with a wrong one but on /health and /metrics; with the key the admin
-    routes answer 404 (K3_API_ADMIN_ROUTES is off). POST /invocations with a
-    completion body and no key, which 0.27.1 answers with generated text,
-    is 401."""
+    """Every route of the installed vLLM's route table (each line's image
+    runs its own release), asked of the running server (the image's
+    launcher, its API key set): 401 without the key and with a wrong one
+    but on /health and /metrics; with the key the admin routes answer 404
+    (K3_API_ADMIN_ROUTES is off). POST /invocations with a completion body
+    and no key, which vLLM answers with generated text, is 401."""
     from support.vllm_routes import plain_app, routes
 
     server = project["server"]
@@ -219,6 +221,7 @@ def test_the_live_server_walks_like_its_route_table(project):
     assert http(f"{api}/invocations", completion)[0] == 401
 
 
+@pytest.mark.every_line
 def test_the_probes_stay_out_of_the_access_log(project):
     """The health check, Prometheus and the watchdog ask /health and /metrics
     every few seconds; vLLM's access log keeps the API's requests only."""
@@ -234,6 +237,7 @@ def test_the_probes_stay_out_of_the_access_log(project):
     assert '"GET /health HTTP/1.1"' not in text
 
 
+@pytest.mark.every_line
 def test_prometheus_scrapes_the_server_and_loaded_the_rules(project):
     prometheus = project["prometheus"]
 
@@ -274,6 +278,7 @@ def test_prometheus_scrapes_the_server_and_loaded_the_rules(project):
     assert {"KimiK3ServerDown", "KimiK3LoadSlow", "SmokeTestFailed"} <= names
 
 
+@pytest.mark.every_line
 def test_no_secret_reaches_any_environment(project):
     for container in project["containers"]:
         described = docker("inspect", container).stdout
@@ -286,6 +291,7 @@ def test_no_secret_reaches_any_environment(project):
         assert value not in environment
 
 
+@pytest.mark.every_line
 def test_compiled_triton_kernels_land_in_the_cache_volume(project):
     """A Triton kernel compiled in the server container (for a GPU target,
     which needs no GPU) lands in the k3-cache volume, so a recreated
@@ -343,6 +349,7 @@ def test_a_digest_the_registry_lacks_is_refused_with_the_engines_message(project
     print(f"operator sees: {result.stderr.strip().splitlines()[-1]}")
 
 
+@pytest.mark.every_line
 def test_readmes_process_listing_works_in_a_compose_container(project):
     """README's troubleshooting command (`k3rocm ctl status`, the console
     script on the image's PATH), in a shell compose opened: the

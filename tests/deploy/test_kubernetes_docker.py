@@ -410,6 +410,7 @@ def docker_network():
         docker("network", "rm", NETWORK, check=False)
 
 
+@pytest.mark.every_line
 def test_the_two_node_pod_specs_serve_probe_and_fail_together(image, model, tmp_path):
     lws = one(render("two-node"), "LeaderWorkerSet")
     name = lws["metadata"]["name"]

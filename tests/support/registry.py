@@ -19,7 +19,7 @@ from pathlib import Path
 
 from support.processes import running
 from support.vllm_server import free_port
-from support.vllm_trees import REPO
+from support.vllm_trees import REPO, SERIES
 
 # The manifest type Docker 20.10 pushes; the registry's digest of it is the
 # one `docker push` reports and K3_IMAGE pins.
@@ -73,10 +73,11 @@ def registry_digest(address: str, name: str, tag: str) -> str | None:
 
 
 def build_image_push(base: str, repo: str) -> subprocess.CompletedProcess:
-    """scripts/build-image --push, as an operator runs it."""
+    """scripts/build-image --push, as an operator runs it (the installed
+    vLLM's line)."""
     return subprocess.run(
         [sys.executable, str(REPO / "scripts" / "build-image"), "--base-image", base,
-         "--repo", repo, "--push"],
+         "--repo", repo, "--line", SERIES.vllm_version, "--push"],
         capture_output=True,
         text=True,
         timeout=1800,
