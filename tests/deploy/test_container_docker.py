@@ -85,7 +85,14 @@ def test_image_records_what_it_is(image):
     assert versions["image_tag"] == image_tag(SERIES)
     assert versions["rocm"].startswith("7.2.")
     assert status["state"] == "applied" and status["series_id"] == SERIES.series_id
-    labels = json.loads(docker("inspect", image).stdout)[0]["Config"]["Labels"]
+    config = json.loads(docker("inspect", image).stdout)[0]["Config"]
+    # Both lines' images may share the k3-cache volume: AITER's JIT, which
+    # keys its builds by module name only, builds under a folder per vLLM
+    # release (docs/container.md, "Compile caches").
+    env = dict(entry.split("=", 1) for entry in config["Env"])
+    aiter = f"/home/k3/.cache/aiter/vllm-{SERIES.vllm_version}"
+    assert env["AITER_JIT_DIR"] == env["JIT_WORKSPACE_DIR"] == aiter
+    labels = config["Labels"]
     assert labels["k3rocm.patch-series"] == SERIES.series_id
     assert labels["org.opencontainers.image.version"] == image_tag(SERIES)
     assert labels["k3rocm.vllm.version"] == SERIES.vllm_version
