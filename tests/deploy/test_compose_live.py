@@ -41,6 +41,7 @@ from support.vllm_server import free_port
 from support.vllm_trees import REPO
 
 from k3rocm.container import api_access
+from k3rocm.patchtool.lines import default_line_dir, installed_line_dir
 from k3rocm.tryout.cpu import CPU_SETTINGS
 from k3rocm.tryout.stack import cpu_stack
 
@@ -78,13 +79,19 @@ def secret_file(path: Path, text: str, owner: int = 1000) -> Path:
 
 
 @pytest.fixture(scope="module")
-def project(image, standin, model, pushed_image, tmp_path_factory):
+def project(request, image, standin, model, tmp_path_factory):
     """The stack as an operator pinning by digest runs it: K3_IMAGE is the
     pushed REPO:TAG@sha256:... and no local copy of the image exists, so the
-    engine pulls it from the registry (and checks the digest)."""
+    engine pulls it from the registry (and checks the digest). Another
+    release line's image runs by its local tag: the pull by digest is
+    Docker's, the same for every line (and a minute of push and pull)."""
     tmp = tmp_path_factory.mktemp("compose")
-    pinned = pushed_image["ref"]
-    untag_everywhere(image)
+    by_digest = installed_line_dir() == default_line_dir()
+    if by_digest:
+        pinned = request.getfixturevalue("pushed_image")["ref"]
+        untag_everywhere(image)
+    else:
+        pinned = image
     stack = cpu_stack(
         yaml.safe_load((REPO / "compose.yaml").read_text()), monitoring_images()
     )
@@ -147,9 +154,10 @@ def project(image, standin, model, pushed_image, tmp_path_factory):
             capture_output=True,
             timeout=300,
         )
-        # The other container tests run the session's tag: the same image.
-        docker("pull", pinned, timeout=1800)
-        docker("tag", pinned, image)
+        if by_digest:
+            # The other container tests run the session's tag: the same image.
+            docker("pull", pinned, timeout=1800)
+            docker("tag", pinned, image)
 
 
 def untag_everywhere(image: str) -> None:
