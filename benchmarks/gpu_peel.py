@@ -65,6 +65,7 @@ from kda_harness import (  # noqa: E402
     pin_to_quiet_cpu,
     repin_to_quiet_cpu,
 )
+from launch_costs import host_us  # noqa: E402
 from vllm.models.kimi_k3.amd.ops.third_party.kda import (  # noqa: E402
     fused_recurrent,
     kda_chunk_launch,
@@ -613,24 +614,15 @@ def recurrent_host_cost(lens, reps=400) -> dict:
         "kernel[grid](...)": dispatcher,
         "direct launch": launch_direct,
     }
-    for p in parts.values():
-        p()
-    samples = {n: [] for n in parts}
     repin_to_quiet_cpu()
     gc.collect()
     gc.disable()
     try:
-        for _ in range(reps):
-            for n, p in parts.items():
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                p()
-                samples[n].append(time.perf_counter() - t)
+        medians = host_us(parts, reps)
     finally:
         gc.enable()
-    torch.cuda.synchronize()
     return {
-        "host us (median)": {n: statistics.median(v) * 1e6 for n, v in samples.items()},
+        "host us (median)": medians,
         "direct launch bitwise equal to the wrapper's result": bitwise,
         "binaries of the recurrent kernel": recurrent_binaries(),
     }

@@ -14,14 +14,14 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest
 from support.docker_images import build_image, build_standin, require_engine
 from support.registry import PUSHED, build_image_push, running_registry
+from support.vllm_trees import ON_DEFAULT_LINE
 
-from k3rocm.patchtool.lines import default_line_dir, installed_line_dir
 from k3rocm.tryout.tiny_model import build_for_containers
 
 # An environment of another release line than the default (.venv-<line>,
 # scripts/test) runs only the tests marked every_line: the rest are about the
 # default line's own vLLM (its bugs, its triage, its image, its launches).
-OTHER_LINE = installed_line_dir() != default_line_dir()
+OTHER_LINE = not ON_DEFAULT_LINE
 
 
 def pytest_ignore_collect(collection_path, config):

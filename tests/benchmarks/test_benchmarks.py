@@ -111,8 +111,30 @@ def triton_decode_profiles(source: str) -> dict[str, bool]:
         name: PROFILES[name].kda_heads_per_rank not in supported
         for name in GPU_PROFILES
     }
-    misses["speculation"] = "num_spec != 0" in source
+    misses["speculation"] = "num_spec != 0" in refusals(tree)
     return misses
+
+
+def refusals(tree: ast.Module) -> set[str]:
+    """The conditions of is_fused_kda_decode_supported's `if ...: return
+    False`, as source text."""
+    [gate] = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+        and node.name == "is_fused_kda_decode_supported"
+    ]
+    found: set[str] = set()
+    for node in ast.walk(gate):
+        if (
+            isinstance(node, ast.If)
+            and isinstance(node.body[0], ast.Return)
+            and ast.literal_eval(node.body[0].value) is False
+        ):
+            test = node.test
+            parts = test.values if isinstance(test, ast.BoolOp) else [test]
+            found |= {ast.unparse(part) for part in parts}
+    return found
 
 
 def test_0_32_0_leaves_spec_steps_and_tep16_decodes_to_triton():
@@ -125,3 +147,6 @@ def test_0_32_0_leaves_spec_steps_and_tep16_decodes_to_triton():
     }  # fmt: skip
     planted = source.replace("(12, 24, 48, 96)", "(6, 12, 24, 48, 96)", 1)
     assert planted != source and not triton_decode_profiles(planted)["tep16"]
+    # A HIP decode that took spec steps: the condition gone from the gate.
+    planted = source.replace("or num_spec != 0", "", 1)
+    assert planted != source and not triton_decode_profiles(planted)["speculation"]

@@ -38,10 +38,9 @@ from support.docker_images import (
     vllm_processes,
 )
 from support.vllm_server import free_port
-from support.vllm_trees import REPO
+from support.vllm_trees import ON_DEFAULT_LINE, REPO
 
 from k3rocm.container import api_access
-from k3rocm.patchtool.lines import default_line_dir, installed_line_dir
 from k3rocm.tryout.cpu import CPU_SETTINGS
 from k3rocm.tryout.stack import cpu_stack
 
@@ -86,8 +85,7 @@ def project(request, image, standin, model, tmp_path_factory):
     release line's image runs by its local tag: the pull by digest is
     Docker's, the same for every line (and a minute of push and pull)."""
     tmp = tmp_path_factory.mktemp("compose")
-    by_digest = installed_line_dir() == default_line_dir()
-    if by_digest:
+    if ON_DEFAULT_LINE:
         pinned = request.getfixturevalue("pushed_image")["ref"]
         untag_everywhere(image)
     else:
@@ -154,7 +152,7 @@ def project(request, image, standin, model, tmp_path_factory):
             capture_output=True,
             timeout=300,
         )
-        if by_digest:
+        if ON_DEFAULT_LINE:
             # The other container tests run the session's tag: the same image.
             docker("pull", pinned, timeout=1800)
             docker("tag", pinned, image)

@@ -6,11 +6,19 @@ rank, against the largest call the lent H200 ran and checked."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from vllm.utils.argparse_utils import human_readable_int
 
+from k3rocm.common.profiles import AMD_ARGS
 from k3rocm.launcher.__main__ import main
+from k3rocm.launcher.owned_flags import exact_values, last_values
+from k3rocm.launcher.step_bound import _BATCHED, _CHUNKED, _tokens
 
 pytestmark = pytest.mark.every_line
 
@@ -96,3 +104,34 @@ def test_without_chunked_prefill_the_model_length_is_the_step(capsys):
 def test_cpu_dev_has_no_kda_bound(capsys):
     code, _, err = launch(capsys, "cpu-dev", "--max-num-batched-tokens 2000000")
     assert code == 0, err
+
+
+# Without extra arguments the launcher reads its own recipe without vLLM's
+# parser (seconds of import at every start and every refused setting).
+def test_the_recipe_reads_the_same_without_vllms_parser():
+    recipe = [arg for line in AMD_ARGS for arg in line]
+    dests = (_BATCHED, _CHUNKED)
+    assert exact_values(recipe, dests) == last_values(recipe, dests)
+    assert _BATCHED in exact_values(recipe, dests)
+    # A spelling only vLLM's parser reads is where the readings part.
+    shortened = ["--max-num-bat", "8192"]
+    assert exact_values(shortened, dests) != last_values(shortened, dests)
+
+
+@given(st.from_regex(r"[0-9]{1,30}", fullmatch=True))
+def test_a_plain_number_is_read_as_vllm_reads_it(text):
+    assert _tokens(text) == human_readable_int(text)
+
+
+def test_a_start_without_extra_arguments_imports_no_vllm(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    code = (
+        "import sys; from k3rocm.launcher.__main__ import main; "
+        f"env = {{'K3_MODEL': {str(tmp_path)!r}, 'K3_GPU_COUNT': '8', "
+        "'K3_PROFILE': 'dep16', **" + repr(NODE0) + "}; "
+        "print(main(['--dry-run'], env), 'vllm' in sys.modules, file=sys.stderr)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert done.stderr.strip().splitlines()[-1] == "0 False", done.stderr[-2000:]

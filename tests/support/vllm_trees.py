@@ -11,13 +11,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from k3rocm.patchtool.lines import installed_line_dir
+from k3rocm.patchtool.lines import default_line_dir, installed_line_dir
 from k3rocm.patchtool.series import Series
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache"
 UPSTREAM_TREE = CACHE / "vllm-upstream"
 SERIES = Series(installed_line_dir())
+# The default line's environment (.venv), or another line's (.venv-<line>,
+# scripts/test): the one place the tests tell them apart.
+ON_DEFAULT_LINE = installed_line_dir() == default_line_dir()
 
 
 def installed_root() -> Path:

@@ -145,9 +145,11 @@ def last_values(args: Sequence[str], dests: Sequence[str]) -> dict[str, object]:
     ask, only the exact long flags count (`--flag value`, `--flag=value`,
     `--no-flag`). Arguments vLLM would refuse set nothing here: that
     refusal is owned_flag_problems' to report."""
+    if not args:  # nothing to read: spare the seconds of vLLM's import
+        return {}
     parser = _vllm_parser()
     if parser is None:
-        return _exact_values(args, dests)
+        return exact_values(args, dests)
     try:
         with _quiet():
             namespace = parser.parse_args(list(args))
@@ -157,7 +159,9 @@ def last_values(args: Sequence[str], dests: Sequence[str]) -> dict[str, object]:
     return {dest: value for dest, value in found.items() if value is not _UNSET}
 
 
-def _exact_values(args: Sequence[str], dests: Sequence[str]) -> dict[str, object]:
+def exact_values(args: Sequence[str], dests: Sequence[str]) -> dict[str, object]:
+    """last_values for arguments spelled as the launcher writes its own (long
+    flags in full, `--flag value`, `--no-flag`): no vLLM parser needed."""
     found: dict[str, object] = {}
     for index, arg in enumerate(args):
         flag, has_value, value = arg.partition("=")

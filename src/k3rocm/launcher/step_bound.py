@@ -13,10 +13,12 @@ whole prompt (--max-model-len) with chunked prefill off.
 
 from __future__ import annotations
 
+import re
+
 from k3rocm.common.profiles import AMD_ARGS, Profile
 from k3rocm.common.vllm_release import TARGET
 from k3rocm.launcher.messages import label
-from k3rocm.launcher.owned_flags import last_values
+from k3rocm.launcher.owned_flags import exact_values, last_values
 from k3rocm.launcher.settings import LaunchSettings
 
 # The largest chunk KDA call proven on the H200 (tokens x heads a rank).
@@ -37,7 +39,15 @@ def step_bound_problems(settings: LaunchSettings) -> list[str]:
     if not profile.kimi_on_rocm:
         return []
     recipe = [arg for line in AMD_ARGS for arg in line]
-    values = last_values([*recipe, *settings.extra_args], (_BATCHED, _CHUNKED))
+    dests = (_BATCHED, _CHUNKED)
+    # The recipe alone is spelled as the launcher writes (a test holds the
+    # two readings equal): only the operator's extra arguments need vLLM's
+    # parser, whose import costs seconds at every start.
+    values = (
+        last_values([*recipe, *settings.extra_args], dests)
+        if settings.extra_args
+        else exact_values(recipe, dests)
+    )
     batched = _tokens(values.get(_BATCHED))
     if batched is None:  # a value vLLM itself refuses
         return []
@@ -76,6 +86,8 @@ def _tokens(value: object) -> int | None:
     """A token count as vLLM reads it ('200k' too); None if unreadable."""
     if not isinstance(value, str):
         return None
+    if re.fullmatch(r"[0-9]+", value):  # vLLM reads a plain number as int does
+        return int(value)
     try:
         from vllm.utils.argparse_utils import human_readable_int
     except ImportError:  # no vLLM here: plain numbers only
