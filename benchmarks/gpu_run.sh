@@ -110,6 +110,11 @@ scenario_line() {
 
 scenario_spec_lines() {
     local heads
+    # tests/benchmarks rebuilds .gpu for the default line alone.
+    [ -d ../.gpu/line-0.32.0 ] || {
+        echo "spec-lines: no .gpu/line-0.32.0: run .venv-0.32.0/bin/python benchmarks/gpu_bundle.py" >&2
+        exit 2
+    }
     for heads in 12 6 96; do
         mkdir -p "$OUT/line-$heads"
         run "spec 0.32.0 $heads heads" env K3_LINE=0.32.0 K3_HEADS=$heads \
