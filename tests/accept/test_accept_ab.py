@@ -118,6 +118,8 @@ def test_bad_options_are_one_line_errors(tmp_path):
 # -- on the stand-in compose stack --------------------------------------------
 
 PROJECT = "k3rocmtestab"
+# How verdict() begins each verdict an accurate run can get.
+VERDICT_FORMS = ("device path faster: ", "device path SLOWER: ", "no difference ")
 
 
 @pytest.mark.docker
@@ -181,12 +183,15 @@ def test_ab_runs_both_paths_restores_the_setting_and_prints_the_table(
         assert "rounds: 1 (orders: device/legacy)" in done.stdout
         assert "| 1 | total token throughput (tok/s) |" in done.stdout
         assert "| 2 | TPOT p99 (ms) |" in done.stdout
-        assert "verdict: " in done.stdout
-        # On a CPU both paths are the same code: never a consistent speed-up
-        # of every figure; the verdict line says which it saw.
+        # On a CPU both paths are the same code, so which way one round's
+        # noise leans is luck (a run here once had all 14 figures "better");
+        # the verdict on known figures is test_compare_reads_device_against_
+        # legacy_round_by_round's. Here: one verdict line, in one of its forms.
         assert "accuracy gate: device: " in done.stdout
-        assert done.stdout.count("verdict: ") == 1
-        assert "device path faster" not in done.stdout or "same" in done.stdout
+        [line] = [
+            line for line in done.stdout.splitlines() if line.startswith("verdict: ")
+        ]
+        assert line.removeprefix("verdict: ").startswith(VERDICT_FORMS), line
         # The operator's setting is back.
         cid = subprocess.run(
             [*compose.split(), "ps", "-q", "kimi-k3"],
