@@ -31,6 +31,7 @@ from support.docker_images import (
     http,
     running_container,
     server_logs,
+    signal_process,
     vllm_processes,
 )
 from support.vllm_trees import REPO, SERIES
@@ -189,12 +190,20 @@ def test_docker_stop_drains_every_accepted_stream(served):
             stop_returned.append(time.monotonic()),
         )
     )
-    stopper.start()
-    served.wait_for(
-        "the drain mark",
-        lambda: served.exec("test", "-e", "/run/k3rocm/draining").returncode == 0,
-        30,
-    )
+    # The engine held until the drain has begun: every stream is still in
+    # flight at the drain's first count on any machine (STREAM_TOKENS alone
+    # was luck: 10 of the 16 once ended before a 0.32.0 server's stop).
+    engine = vllm_processes(served.name)["VLLM::EngineCor"]
+    signal_process(served.name, engine, "STOP")
+    try:
+        stopper.start()
+        served.wait_for(
+            "the drain mark",
+            lambda: served.exec("test", "-e", "/run/k3rocm/draining").returncode == 0,
+            30,
+        )
+    finally:
+        signal_process(served.name, engine, "CONT")
     # New requests are refused while the accepted ones finish.
     status, body = http(
         f"{served.base_url}/v1/completions",
