@@ -405,22 +405,23 @@ def healthy_server(project) -> str:
 def test_an_idle_server_is_not_stalled(project):
     server = healthy_server(project)
     restarts = container_state(server)["RestartCount"]
-    time.sleep(3 * STALL_SECONDS)
+    # Twice the stall time: a false stall would have been called by half-way.
+    time.sleep(2 * STALL_SECONDS)
     assert health(server) == "healthy"
     assert container_state(server)["RestartCount"] == restarts
     assert "the engine stalled" not in server_logs(server)
 
 
 def test_a_slow_but_progressing_engine_is_not_stalled(project):
-    """The engine core stopped for 0.6 x K3_STALL_SECONDS at a time, then let
-    run for 2 s, under four streams: every gap is slower than any real step
-    and shorter than the stall time."""
+    """The engine core stopped for 0.6 x K3_STALL_SECONDS at a time, three
+    times, let run for 2 s after each, under four streams: every gap is
+    slower than any real step and shorter than the stall time, and the gaps
+    together are longer than it."""
     server = healthy_server(project)
     engine = vllm_processes(server)["VLLM::EngineCor"]
     load = Load(project["api"], 4, SECRETS["api_key"])
-    deadline = time.monotonic() + 3 * STALL_SECONDS
     pending_at_stops = []
-    while time.monotonic() < deadline:
+    for _ in range(3):
         signal_process(server, engine, "STOP")
         # Requests the server holds: the four equal streams end together, so
         # at a stop the next four may have no token back yet.
@@ -429,7 +430,7 @@ def test_a_slow_but_progressing_engine_is_not_stalled(project):
         signal_process(server, engine, "CONT")
         time.sleep(2)
     # Work was pending through every gap, or the test proves nothing.
-    assert all(pending_at_stops) and len(pending_at_stops) >= 3, pending_at_stops
+    assert all(pending_at_stops), pending_at_stops
     streams = load.stop()
     assert [(s.done, s.errors) for s in streams] == [(True, [])] * len(streams)
     assert "the engine stalled" not in server_logs(server)
