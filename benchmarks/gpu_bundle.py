@@ -73,6 +73,9 @@ SERIES_MODULES = [
     # layer's split_projection from it for its stand-in layers.
     "vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py",
 ]
+# Modules only another line's series adds: the 0.32.0 line's recurrent
+# warm-up (gpu_recurrent_warm_up.py runs it).
+LINE_MODULES = ["vllm/models/kimi_k3/amd/kda_recurrent_warm_up.py"]
 # The last commit before the kernel became a source file (gpu_ablation.py
 # times its kernel as "previous").
 PREVIOUS = "35938ce"
@@ -114,7 +117,12 @@ def save_previous_kernel() -> None:
 
 def main() -> None:
     shutil.rmtree(BUNDLE, ignore_errors=True)
-    copy(patched_tree(), BUNDLE / "patched", [*KERNEL_FILES, *SERIES_MODULES])
+    line_modules = [] if DEFAULT_LINE else LINE_MODULES
+    copy(
+        patched_tree(),
+        BUNDLE / "patched",
+        [*KERNEL_FILES, *SERIES_MODULES, *line_modules],
+    )
     copy(installed_root(), BUNDLE / "pristine", KERNEL_FILES)
     if not DEFAULT_LINE:
         # The release's own metadata builder module is the upstream side.

@@ -23,6 +23,10 @@
 #                                          # bundle (.gpu/line-0.32.0): the long
 #                                          # steps on its own and its series'
 #                                          # kernels, compiles after ready
+#     bash benchmarks/gpu_run.sh warm-up   # gpu_recurrent_warm_up.py on the
+#                                          # 0.32.0 line: recurrent binaries
+#                                          # compiled while serving after its
+#                                          # series' warm-up and after 50 calls
 #     bash benchmarks/gpu_run.sh spec-lines  # gpu_spec.py on the 0.32.0
 #                                          # line at 12, 6 and 96 heads, then
 #                                          # on the default line at 12 heads
@@ -108,13 +112,22 @@ scenario_line() {
     run compiles python3 gpu_compiles.py
 }
 
-scenario_spec_lines() {
-    local heads
+need_line_bundle() {
     # tests/benchmarks rebuilds .gpu for the default line alone.
     [ -d ../.gpu/line-0.32.0 ] || {
-        echo "spec-lines: no .gpu/line-0.32.0: run .venv-0.32.0/bin/python benchmarks/gpu_bundle.py" >&2
+        echo "$1: no .gpu/line-0.32.0: run .venv-0.32.0/bin/python benchmarks/gpu_bundle.py" >&2
         exit 2
     }
+}
+
+scenario_warm_up() {
+    need_line_bundle warm-up
+    run "recurrent warm-up" env K3_LINE=0.32.0 python3 gpu_recurrent_warm_up.py
+}
+
+scenario_spec_lines() {
+    local heads
+    need_line_bundle spec-lines
     for heads in 12 6 96; do
         mkdir -p "$OUT/line-$heads"
         run "spec 0.32.0 $heads heads" env K3_LINE=0.32.0 K3_HEADS=$heads \
@@ -141,8 +154,9 @@ reference) scenario_reference ;;
 heads) scenario_heads ;;
 line) scenario_line ;;
 spec-lines) scenario_spec_lines ;;
+warm-up) scenario_warm_up ;;
 *)
-    echo "usage: gpu_run.sh [all|reference-peel|peel|reference|heads|line|spec-lines]" >&2
+    echo "usage: gpu_run.sh [all|reference-peel|peel|reference|heads|line|spec-lines|warm-up]" >&2
     exit 2
     ;;
 esac

@@ -21,7 +21,10 @@ from support.vllm_trees import REPO
 
 from k3rocm.accept.ab import (
     DEVICE,
+    FASTER,
     LEGACY,
+    NO_DIFFERENCE,
+    SLOWER,
     compare,
     judge,
     orders,
@@ -119,7 +122,7 @@ def test_bad_options_are_one_line_errors(tmp_path):
 
 PROJECT = "k3rocmtestab"
 # How verdict() begins each verdict an accurate run can get.
-VERDICT_FORMS = ("device path faster: ", "device path SLOWER: ", "no difference ")
+VERDICT_FORMS = (FASTER, SLOWER, NO_DIFFERENCE)
 
 
 @pytest.mark.docker

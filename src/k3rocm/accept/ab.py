@@ -126,6 +126,14 @@ def accuracy_line(runs: dict[str, list[dict]]) -> tuple[str, bool]:
     return "accuracy gate: " + "; ".join(parts), passed
 
 
+# How each verdict of an accurate run begins (the tests read them here).
+SLOWER, FASTER, NO_DIFFERENCE = (
+    "device path SLOWER: ",
+    "device path faster: ",
+    "no difference ",
+)
+
+
 def verdict(rows: list[Row], accurate: bool, rounds: int) -> str:
     better = [r for r in rows if r.verdict == "better"]
     worse = [r for r in rows if r.verdict == "worse"]
@@ -133,17 +141,17 @@ def verdict(rows: list[Row], accurate: bool, rounds: int) -> str:
         return "FAIL: the accuracy gate failed (see above)"
     if worse:
         return (
-            f"device path SLOWER: {len(worse)} figure(s) worse in all {rounds} "
+            f"{SLOWER}{len(worse)} figure(s) worse in all {rounds} "
             "round(s) (" + ", ".join(f"{r.name} at {r.concurrency}" for r in worse)
             + ")"
         )  # fmt: skip
     if better:
         return (
-            f"device path faster: {len(better)} figure(s) better in all "
+            f"{FASTER}{len(better)} figure(s) better in all "
             f"{rounds} round(s), none worse"
         )
     return (
-        f"no difference beyond the noise in {rounds} round(s) (none better or "
+        f"{NO_DIFFERENCE}beyond the noise in {rounds} round(s) (none better or "
         "worse in every round); expected where both paths are the same code, "
         "as on a CPU"
     )

@@ -101,6 +101,11 @@ GENERATED = (
         files=_metadata_modules("kda_metadata_kernel.py", "kda_metadata_launch.py"),
     ),
     GeneratedPatch(
+        line="0.32.0",
+        patch="0006-kimi-k3-rocm-kda-recurrent-warm-up.patch",
+        files=_metadata_modules("kda_recurrent_warm_up.py"),
+    ),
+    GeneratedPatch(
         line="0.27.1",
         patch="0005-amd-kda-chunk-launch-module.patch",
         # The facade first (its docstring maps the rest), then the modules in

@@ -1,0 +1,239 @@
+# SPDX-License-Identifier: Apache-2.0
+# Added by the kimi-k3-rocm patch series (not part of upstream vLLM 0.32.0).
+# Generated from kimi-k3-rocm's src/k3rocm/kernels/kda_recurrent_warm_up.py by
+# `k3rocm patchgen`: edit that file, not this one.
+"""Compile, before serving, every binary vLLM 0.32.0's recurrent KDA kernel
+can be asked for while serving.
+
+0.32.0's wrapper (``fused_recurrent_kda_fwd``) picks a launch configuration
+per call: the value block and the pipeline stages from the head-sequence
+count, and for speculative steps the requests' common length, compiled in
+as a constant (``SEQUENCE_LENGTH``, ``IS_SINGLE_SEQUENCE``). Triton also
+compiles the integer arguments ``N`` and ``T`` apart when they are 1 or a
+multiple of 16. Each new combination is a compile in the middle of a step:
+on an H100, 9 binaries after a 50-step warm-up over 3,000 dspark steps
+(kimi-k3-rocm docs/benchmarks.md, run M). The ROCm builder calls
+``warm_up_recurrent_kda`` at its first build, when the layers' state pools
+exist and before the server reports ready. It hands the wrapper, to compile
+only (``compile_only``: nothing is launched or written), every batch the
+cover below reaches, laid out as the Kimi KDA layer (amd/kda.py) lays out
+each of its recurrent calls, with the layer's own parameters and state pool.
+
+The cover: the launch configuration follows the head-sequence count up to
+``LAST_GATE`` (the largest bound in 0.32.0's two gates, a test reads them)
+and then only the classes of ``N`` and ``T`` (1, a multiple of 16, other),
+which two periods of 16 more requests meet; each request count is met with
+every token count a speculative batch of it can have (1 to num_spec + 1
+tokens a request), with and without a common length.
+"""
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .ops.third_party.kda.fused_recurrent import fused_recurrent_kda
+
+# 0.32.0's _get_static_sequence_length and _select_kda_launch_config compare
+# the head-sequence count with 24, 48 and 192.
+LAST_GATE = 192
+# Triton compiles an integer argument apart when it is 1 or a multiple of 16,
+# and a pointer when it is 16-byte aligned.
+INT_PERIOD = 16
+ALIGNMENT = 16
+
+
+@dataclass(frozen=True)
+class RecurrentLayout:
+    """How one of the layer's recurrent calls lays its inputs out.
+
+    ``packed``: q, k, v are the three column blocks of one row-major
+    buffer (the spec path's convolution output), else three dense buffers
+    (the prefill convolution's). raw_beta is ``heads`` columns at
+    ``beta_column`` of rows ``beta_row`` elements wide. raw_g and out are
+    dense. The state indices are rows ``indices_row`` apart: a block of
+    num_spec + 1 columns for a speculative call, one column otherwise."""
+
+    call: str
+    spec: bool
+    packed: bool
+    beta_row: int
+    beta_column: int
+    indices_row: int
+
+
+def layer_layouts(
+    layer, indices_row: int, num_spec: int
+) -> tuple[RecurrentLayout, ...]:
+    """The layouts of ``layer``'s recurrent calls (0.32.0's amd/kda.py).
+
+    ``forward`` splits the fused projection into [3 x projection (q, k,
+    v), projection (output gate), head_dim (gate input), heads (beta)] and
+    keeps beta as a view; ``indices_row`` is the row stride of the block
+    table the GDN builder cuts the state indices from. A speculative step
+    alone hands the wrapper those views and block-table rows (or the
+    builder's persistent [*, num_spec + 1] buffer); beside other requests
+    its rows are gathered (index_select: dense beta, [*, num_spec + 1]
+    indices). Plain decodes beside prefills take the prefill convolution's
+    outputs, the beta view and one block-table column."""
+    width = layer.local_projection_size
+    beta_column = 4 * width + layer.head_dim
+    projected = layer.in_proj_qkvgfab.output_size_per_partition
+    layouts = [
+        RecurrentLayout(
+            "plain decodes beside prefills",
+            False,
+            False,
+            projected,
+            beta_column,
+            indices_row,
+        ),
+    ]
+    if num_spec:
+        spec_row = num_spec + 1
+        layouts.append(
+            RecurrentLayout(
+                "speculative step", True, True, projected, beta_column, indices_row
+            )
+        )
+        if indices_row != spec_row:
+            layouts.append(
+                RecurrentLayout(
+                    "speculative step, persistent indices",
+                    True,
+                    True,
+                    projected,
+                    beta_column,
+                    spec_row,
+                )
+            )
+        layouts.append(
+            RecurrentLayout(
+                "speculative requests beside others",
+                True,
+                True,
+                layer.local_num_heads,
+                0,
+                spec_row,
+            )
+        )
+    return tuple(layouts)
+
+
+def batch_sizes(spec: bool, num_spec: int, heads: int, max_num_seqs: int,
+                max_num_batched_tokens: int):  # fmt: skip
+    """(requests, tokens, common length or None) of every call the cover
+    makes for one layout."""
+    last = min(max_num_seqs, LAST_GATE // heads + 2 * INT_PERIOD)
+    for n in range(1, last + 1):
+        if not spec:
+            if n <= max_num_batched_tokens:
+                yield n, n, None
+            continue
+        most = min(n * (num_spec + 1), max_num_batched_tokens)
+        for t in range(n, most + 1):
+            if t % n == 0:
+                yield n, t, t // n
+            if n < t < n * (num_spec + 1):  # requests of different lengths
+                yield n, t, None
+
+
+def _dtype(layer):
+    """What the fused projection (so the convolutions, beta, core_attn_out)
+    outputs."""
+    return layer.in_proj_qkvgfab.params_dtype
+
+
+def _compile_layout(layer, state: torch.Tensor, layout: RecurrentLayout,
+                    num_spec: int, max_num_seqs: int,
+                    max_num_batched_tokens: int) -> int:  # fmt: skip
+    """Hand the wrapper every batch of ``batch_sizes`` in ``layout`` to
+    compile; the number of calls."""
+    heads, dim = layer.local_num_heads, layer.head_dim
+    width = layer.local_projection_size
+    sizes = list(batch_sizes(layout.spec, num_spec, heads, max_num_seqs,
+                             max_num_batched_tokens))  # fmt: skip
+    rows = max(t for _, t, _ in sizes)
+    requests = max(n for n, _, _ in sizes)
+    dtype, device = _dtype(layer), state.device
+
+    def buffer(*shape, kind=dtype):
+        return torch.empty(*shape, dtype=kind, device=device)
+
+    def heads_view(rows_buffer, column):
+        return rows_buffer[:, column : column + width].unflatten(-1, (heads, dim))
+
+    if layout.packed:
+        qkv = buffer(rows, 3 * width)
+        q, k, v = (heads_view(qkv, i * width) for i in range(3))
+    else:
+        q, k, v = (heads_view(buffer(rows, width), 0) for _ in range(3))
+    gate = buffer(rows, heads, dim)
+    beta = buffer(rows, layout.beta_row)[:, layout.beta_column :][:, :heads]
+    out = buffer(rows, heads, dim)
+    cu_seqlens = torch.zeros(requests + 1, dtype=torch.int32, device=device)
+    accepted = torch.ones(requests, dtype=torch.int32, device=device)
+    table = torch.zeros(requests, layout.indices_row, dtype=torch.int32, device=device)
+    indices = table[:, : num_spec + 1] if layout.spec else table[:, 0]
+    for n, t, common in sizes:
+        fused_recurrent_kda(
+            q=q[None, :t], k=k[None, :t], v=v[None, :t], raw_g=gate[None, :t],
+            raw_beta=beta[None, :t], A_log=layer.A_log, dt_bias=layer.dt_bias,
+            lower_bound=layer.gate_lower_bound, initial_state=state,
+            cu_seqlens=cu_seqlens[: n + 1], ssm_state_indices=indices[:n],
+            num_accepted_tokens=accepted[:n] if layout.spec else None,
+            uniform_sequence_length=common, out=out[None, :t], compile_only=True,
+        )  # fmt: skip
+    return len(sizes)
+
+
+@dataclass(frozen=True)
+class RecurrentWarmUp:
+    """What warm_up_recurrent_kda did."""
+
+    layers: int  # layers with a state pool
+    layouts: int  # distinct (layer kind, layout) pairs compiled for
+    calls: int  # calls handed to the wrapper to compile
+    seconds: float
+
+
+def _kind(layer, state: torch.Tensor, layout: RecurrentLayout) -> tuple:
+    """Everything a layer adds to a layout's binaries: layers alike share them."""
+    optional = (layer.dt_bias, layer.gate_lower_bound)
+    return (
+        layout, layer.local_num_heads, layer.head_dim, layer.local_projection_size,
+        _dtype(layer), layer.A_log.dtype, state.dtype, state.shape[1:],
+        state.stride(), str(state.device), state.data_ptr() % ALIGNMENT,
+        tuple(None if x is None else type(x) for x in optional),
+        None if layer.dt_bias is None else layer.dt_bias.dtype,
+    )  # fmt: skip
+
+
+def state_pool(layer) -> torch.Tensor | None:
+    """The layer's recurrent state pool once the KV cache is bound, else None."""
+    cache = getattr(layer, "kv_cache", None)
+    if not isinstance(cache, list | tuple) or len(cache) != 2:
+        return None
+    state = cache[1]
+    return state if torch.is_tensor(state) and state.dim() == 4 else None
+
+
+def warm_up_recurrent_kda(layers, indices_row: int, num_spec: int, max_num_seqs: int,
+                          max_num_batched_tokens: int) -> RecurrentWarmUp:  # fmt: skip
+    """Compile the recurrent binaries ``layers`` (Kimi KDA layers whose KV
+    cache is bound) can need while serving; layers of one kind share them."""
+    start = time.perf_counter()
+    done: set[tuple] = set()
+    calls = count = 0
+    for layer in layers:
+        state = state_pool(layer)
+        if state is None:
+            continue
+        count += 1
+        for layout in layer_layouts(layer, indices_row, num_spec):
+            kind = _kind(layer, state, layout)
+            if kind not in done:
+                done.add(kind)
+                calls += _compile_layout(layer, state, layout, num_spec, max_num_seqs,
+                                         max_num_batched_tokens)  # fmt: skip
+    return RecurrentWarmUp(count, len(done), calls, time.perf_counter() - start)

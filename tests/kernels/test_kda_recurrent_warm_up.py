@@ -1,0 +1,247 @@
+"""The 0.32.0 series' recurrent warm-up (patches 0006-0007,
+src/k3rocm/kernels/kda_recurrent_warm_up.py): every binary vLLM 0.32.0's
+recurrent KDA wrapper asks Triton for while serving is one the warm-up
+compiled before serving.
+
+What a call compiles is told apart here as Triton tells it (its JIT cache
+key): the kernel's constexpr arguments (among them the launch configuration
+the wrapper picks), num_warps and num_stages, each tensor's dtype and
+16-byte alignment, which optional arguments are None, and each integer
+argument's class: 1, a multiple of 16, other. The wrapper's kernel is
+replaced by a recorder of those keys (no GPU here, and the interpreter
+compiles nothing); the wrapper itself, its checks and its launch
+configuration are 0.32.0's. Serving calls are random batches through the
+real 0.32.0 GDN builder (its speculative and plain state indices, its
+common length), laid out as each of the layer's recurrent calls; the Kimi
+KDA layer is a stand-in with its attributes (a real one needs the model's
+weights and a process group).
+"""
+
+import ast
+import inspect
+import random
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import vllm.models.kimi_k3.amd.ops.third_party.kda.fused_recurrent as fused_recurrent
+from support.gdn_batches import Batch, build, make_builder
+from support.vllm_trees import ON_DEFAULT_LINE
+from vllm.models.kimi_k3.amd import kda_recurrent_warm_up as warm_up
+
+pytestmark = [
+    pytest.mark.every_line,
+    pytest.mark.skipif(ON_DEFAULT_LINE, reason="the 0.32.0 line's warm-up"),
+]
+
+HEAD_DIM = 128
+NUM_SPEC = 7  # dspark's draft tokens
+MAX_NUM_SEQS = 256
+MAX_TOKENS = 8192
+
+
+def _python_function(kernel):
+    while hasattr(kernel, "fn"):  # JIT (or interpreted) function, heuristics
+        kernel = kernel.fn
+    return kernel
+
+
+KERNEL = inspect.signature(
+    _python_function(fused_recurrent.fused_recurrent_kda_fwd_kernel)
+)
+
+
+def launch_key(kwargs: dict) -> tuple:
+    """What Triton compiles a launch of the recurrent kernel apart on."""
+    key = []
+    for name, value in sorted(kwargs.items()):
+        param = KERNEL.parameters.get(name)
+        if param is None or "constexpr" in str(param.annotation):
+            key.append((name, value))  # constexprs, num_warps, num_stages
+        elif torch.is_tensor(value):
+            key.append((name, value.dtype, value.data_ptr() % 16 == 0))
+        elif isinstance(value, bool) or value is None or isinstance(value, float):
+            key.append((name, type(value)))
+        else:
+            key.append((name, 1 if value == 1 else value % 16 == 0))
+    return tuple(key)
+
+
+class Recorder:
+    """Stands in for the kernel: records each launch's key, runs nothing."""
+
+    def __init__(self):
+        self.compiled, self.launched = set(), set()
+
+    def warmup(self, grid, **kwargs):
+        self.compiled.add(launch_key(kwargs))
+
+    def __getitem__(self, grid):
+        return lambda **kwargs: self.launched.add(launch_key(kwargs))
+
+
+def stand_in_layer(heads: int) -> types.SimpleNamespace:
+    """A Kimi KDA layer's attributes as 0.32.0's amd/kda.py has them."""
+    width = heads * HEAD_DIM
+    projected = 4 * width + HEAD_DIM + heads  # qkv, output gate, gate input, beta
+    state = torch.empty(64, heads, HEAD_DIM, HEAD_DIM)
+    return types.SimpleNamespace(
+        local_num_heads=heads, head_dim=HEAD_DIM, local_projection_size=width,
+        in_proj_qkvgfab=types.SimpleNamespace(
+            output_size_per_partition=projected, params_dtype=torch.bfloat16
+        ),
+        A_log=torch.zeros(heads), dt_bias=torch.zeros(width), gate_lower_bound=-5.0,
+        kv_cache=(torch.empty(64, 3 * width, 3), state),
+    )  # fmt: skip
+
+
+def random_batch(rng: random.Random) -> Batch:
+    spec = [rng.randint(1, NUM_SPEC + 1)] * rng.randint(0, MAX_NUM_SEQS // 2)
+    if rng.random() < 0.5:  # requests of different lengths
+        spec = [rng.randint(1, NUM_SPEC + 1) for _ in spec]
+    decodes = rng.choice([0, 0, rng.randint(1, 64)])
+    prefills = [rng.randint(2, 40) for _ in range(rng.choice([0, 0, 1, 3]))]
+    if not spec and not decodes:
+        decodes = 1
+    return Batch(
+        spec, decodes, prefills, 0, [50] * (len(spec) + decodes + len(prefills))
+    )
+
+
+def serving_calls(layer, builder, batch: Batch, layouts: dict) -> None:
+    """The recurrent calls the layer makes for the batch's metadata, as
+    amd/kda.py makes them: the speculative requests alone or gathered
+    beside others, or plain decodes peeled off beside prefills."""
+    m = build(builder, batch, NUM_SPEC)
+    state = layer.kv_cache[1]
+    if m.spec_sequence_masks is not None:
+        alone = m.num_prefills == 0 and m.num_decodes == 0
+        name = "speculative step" if alone else "speculative requests beside others"
+        indices = m.spec_state_indices_tensor
+        n, t = m.num_spec_decodes, m.num_spec_decode_tokens
+        common = m.uniform_spec_sequence_length
+        call(layer, state, layouts[name], n, t, common, indices, m.num_accepted_tokens)
+    if m.spec_sequence_masks is None and m.num_prefills and m.num_decodes:
+        indices = m.non_spec_state_indices_tensor[: m.num_decodes]
+        layout = layouts["plain decodes beside prefills"]
+        call(layer, state, layout, m.num_decodes, m.num_decodes, None, indices, None)
+
+
+def call(layer, state, layout, n, t, common, indices, accepted):
+    heads, width = layer.local_num_heads, layer.local_projection_size
+    dtype = torch.bfloat16
+    if layout.packed:
+        qkv = torch.empty(t, 3 * width, dtype=dtype)
+        q, k, v = (qkv[:, i * width : (i + 1) * width] for i in range(3))
+    else:
+        q, k, v = (torch.empty(t, width, dtype=dtype) for _ in range(3))
+    q, k, v = (x.unflatten(-1, (heads, HEAD_DIM))[None] for x in (q, k, v))
+    beta = torch.empty(t, layout.beta_row, dtype=dtype)[:, layout.beta_column :]
+    cu = torch.zeros(n + 1, dtype=torch.int32)
+    fused_recurrent.fused_recurrent_kda(
+        q=q, k=k, v=v, raw_g=torch.empty(1, t, heads, HEAD_DIM, dtype=dtype),
+        raw_beta=beta[None, :, :heads], A_log=layer.A_log, dt_bias=layer.dt_bias,
+        lower_bound=layer.gate_lower_bound, initial_state=state, cu_seqlens=cu,
+        ssm_state_indices=indices, num_accepted_tokens=accepted,
+        uniform_sequence_length=common,
+        out=torch.empty(1, t, heads, HEAD_DIM, dtype=dtype),
+    )  # fmt: skip
+
+
+def missed(heads: int, monkeypatch, steps: int = 150) -> set:
+    """Keys of serving calls the warm-up did not compile."""
+    recorder = Recorder()
+    monkeypatch.setattr(fused_recurrent, "fused_recurrent_kda_fwd_kernel", recorder)
+    layer = stand_in_layer(heads)
+    builder = make_builder(fused_recurrent_builder(), NUM_SPEC)
+    builder.vllm_config.scheduler_config.max_num_seqs = MAX_NUM_SEQS
+    first = build(builder, Batch([1], 0, [], 0, [50]), NUM_SPEC)
+    indices_row = first.spec_state_indices_tensor.stride(0)
+    done = warm_up.warm_up_recurrent_kda([layer], indices_row, NUM_SPEC, MAX_NUM_SEQS,
+                                         MAX_TOKENS)  # fmt: skip
+    assert done.layers == 1 and done.calls > 0 and not recorder.launched
+    layouts = {
+        layout.call: layout
+        for layout in warm_up.layer_layouts(layer, indices_row, NUM_SPEC)
+    }
+    layouts.setdefault(
+        "speculative step", layouts.get("speculative step, persistent indices")
+    )
+    rng = random.Random(heads)
+    for _ in range(steps):
+        serving_calls(layer, builder, random_batch(rng), layouts)
+    assert recorder.launched
+    return recorder.launched - recorder.compiled
+
+
+def fused_recurrent_builder():
+    from vllm.models.kimi_k3.amd.kda_metadata import KimiK3ROCmKDAMetadataBuilder
+
+    return KimiK3ROCmKDAMetadataBuilder
+
+
+@pytest.mark.parametrize("heads", (12, 6, 96))
+def test_every_serving_launch_was_compiled_by_the_warm_up(heads, monkeypatch):
+    assert missed(heads, monkeypatch) == set()
+
+
+def uniform_only(batch_sizes):
+    def sizes(*args):
+        # The speculative calls without a common length dropped.
+        return [(n, t, common) for n, t, common in batch_sizes(*args)
+                if common is not None or n == t]  # fmt: skip
+
+    return sizes
+
+
+@pytest.mark.parametrize(
+    ("planted", "heads"),
+    (("the cover stops at the last gate", 96), ("no requests of different lengths", 6)),
+)
+def test_a_cover_short_of_serving_misses_launches(planted, heads, monkeypatch):
+    if planted == "the cover stops at the last gate":
+        monkeypatch.setattr(warm_up, "INT_PERIOD", 0)
+    else:
+        monkeypatch.setattr(warm_up, "batch_sizes", uniform_only(warm_up.batch_sizes))
+    assert missed(heads, monkeypatch)
+
+
+def test_the_cover_reaches_0_32_0s_last_launch_configuration_gate():
+    """LAST_GATE is the largest head-sequence bound of the wrapper's gates."""
+    tree = ast.parse(Path(fused_recurrent.__file__).read_text())
+    bounds = [
+        node.comparators[0].value
+        for function in tree.body
+        if isinstance(function, ast.FunctionDef)
+        and function.name
+        in ("_get_static_sequence_length", "_select_kda_launch_config")
+        for node in ast.walk(function)
+        if isinstance(node, ast.Compare)
+        and isinstance(node.left, ast.Name)
+        and node.left.id == "head_sequences"
+    ]
+    assert bounds and max(bounds) == warm_up.LAST_GATE
+
+
+def test_the_rocm_builder_warms_up_once_at_its_first_build_with_state_pools(
+    monkeypatch,
+):
+    recorder = Recorder()
+    monkeypatch.setattr(fused_recurrent, "fused_recurrent_kda_fwd_kernel", recorder)
+    builder = make_builder(fused_recurrent_builder(), NUM_SPEC)
+    layer = stand_in_layer(12)
+    pools, layer.kv_cache = layer.kv_cache, []  # the KV cache is not bound yet
+    context = builder.vllm_config.compilation_config.static_forward_context
+    [name] = builder.layer_names
+    context[name] = layer
+    step = Batch([NUM_SPEC + 1], 0, [], 0, [50])
+    build(builder, step, NUM_SPEC)
+    assert builder.recurrent_warm_up is None and not recorder.compiled
+    layer.kv_cache = pools
+    build(builder, step, NUM_SPEC)
+    warmed, compiled = builder.recurrent_warm_up, len(recorder.compiled)
+    assert warmed.layers == 1 and warmed.layouts >= 3 and compiled
+    build(builder, step, NUM_SPEC)
+    assert builder.recurrent_warm_up is warmed and len(recorder.compiled) == compiled
+    assert not recorder.launched  # compiled only: nothing ran, nothing written
