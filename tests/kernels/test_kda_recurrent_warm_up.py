@@ -28,7 +28,10 @@ import torch
 import vllm.models.kimi_k3.amd.ops.third_party.kda.fused_recurrent as fused_recurrent
 from support.gdn_batches import Batch, build, make_builder
 from support.vllm_trees import ON_DEFAULT_LINE
+from triton.backends.amd.compiler import HIPBackend
 from vllm.models.kimi_k3.amd import kda_recurrent_warm_up as warm_up
+
+from k3rocm.launcher.step_bound import PROVEN_TOKEN_HEADS
 
 pytestmark = [
     pytest.mark.every_line,
@@ -38,7 +41,6 @@ pytestmark = [
 HEAD_DIM = 128
 NUM_SPEC = 7  # dspark's draft tokens
 MAX_NUM_SEQS = 256
-MAX_TOKENS = 8192
 
 
 def _python_function(kernel):
@@ -60,7 +62,9 @@ def launch_key(kwargs: dict) -> tuple:
         if param is None or "constexpr" in str(param.annotation):
             key.append((name, value))  # constexprs, num_warps, num_stages
         elif torch.is_tensor(value):
-            key.append((name, value.dtype, value.data_ptr() % 16 == 0))
+            # AMD's backend also asks whether the storage passes 2 GiB.
+            within = HIPBackend.is_within_2gb(value)
+            key.append((name, value.dtype, value.data_ptr() % 16 == 0, within))
         elif isinstance(value, bool) or value is None or isinstance(value, float):
             key.append((name, type(value)))
         else:
@@ -97,7 +101,9 @@ def stand_in_layer(heads: int) -> types.SimpleNamespace:
 
 
 def random_batch(rng: random.Random) -> Batch:
-    spec = [rng.randint(1, NUM_SPEC + 1)] * rng.randint(0, MAX_NUM_SEQS // 2)
+    spec = [rng.randint(1, NUM_SPEC + 1)] * rng.randint(1, MAX_NUM_SEQS // 2)
+    if rng.random() < 0.3:  # a step no request drafted in: plain decodes
+        spec = []
     if rng.random() < 0.5:  # requests of different lengths
         spec = [rng.randint(1, NUM_SPEC + 1) for _ in spec]
     decodes = rng.choice([0, 0, rng.randint(1, 64)])
@@ -109,10 +115,12 @@ def random_batch(rng: random.Random) -> Batch:
     )
 
 
-def serving_calls(layer, builder, batch: Batch, layouts: dict) -> None:
+def serving_calls(layer, builder, batch: Batch, layouts: dict, step: int) -> None:
     """The recurrent calls the layer makes for the batch's metadata, as
     amd/kda.py makes them: the speculative requests alone or gathered
-    beside others, or plain decodes peeled off beside prefills."""
+    beside others, or plain decodes peeled off beside prefills; ``step``:
+    the tokens of a step of plain decodes and prefills (its projections'
+    rows), at least the batch's."""
     m = build(builder, batch, NUM_SPEC)
     state = layer.kv_cache[1]
     if m.spec_sequence_masks is not None:
@@ -121,31 +129,39 @@ def serving_calls(layer, builder, batch: Batch, layouts: dict) -> None:
         indices = m.spec_state_indices_tensor
         n, t = m.num_spec_decodes, m.num_spec_decode_tokens
         common = m.uniform_spec_sequence_length
-        call(layer, state, layouts[name], n, t, common, indices, m.num_accepted_tokens)
+        args = (n, t, t, common, indices, m.num_accepted_tokens)
+        call(layer, state, layouts[name], *args)
     if m.spec_sequence_masks is None and m.num_prefills and m.num_decodes:
         indices = m.non_spec_state_indices_tensor[: m.num_decodes]
         layout = layouts["plain decodes beside prefills"]
-        call(layer, state, layout, m.num_decodes, m.num_decodes, None, indices, None)
+        n = m.num_decodes
+        call(layer, state, layout, n, n, max(step, m.num_actual_tokens), None, indices)
 
 
-def call(layer, state, layout, n, t, common, indices, accepted):
+def call(layer, state, layout, n, t, step, common, indices, accepted=None):
+    """The wrapper called on the first ``t`` rows of storages as long as
+    the layer's are in a step of ``step`` tokens (allocated, never touched:
+    a long step's pass 2 GiB without using the memory)."""
     heads, width = layer.local_num_heads, layer.local_projection_size
     dtype = torch.bfloat16
-    if layout.packed:
+    gathered = layout.beta_row == heads  # rows gathered beside other requests
+    rows = t if gathered else step
+    if layout.packed:  # the spec path's convolution output: its tokens alone
         qkv = torch.empty(t, 3 * width, dtype=dtype)
         q, k, v = (qkv[:, i * width : (i + 1) * width] for i in range(3))
     else:
-        q, k, v = (torch.empty(t, width, dtype=dtype) for _ in range(3))
-    q, k, v = (x.unflatten(-1, (heads, HEAD_DIM))[None] for x in (q, k, v))
-    beta = torch.empty(t, layout.beta_row, dtype=dtype)[:, layout.beta_column :]
+        q, k, v = (torch.empty(step, width, dtype=dtype) for _ in range(3))
+    q, k, v = (x[:t].unflatten(-1, (heads, HEAD_DIM))[None] for x in (q, k, v))
+    beta = torch.empty(rows, layout.beta_row, dtype=dtype)[:t, layout.beta_column :]
     cu = torch.zeros(n + 1, dtype=torch.int32)
     fused_recurrent.fused_recurrent_kda(
-        q=q, k=k, v=v, raw_g=torch.empty(1, t, heads, HEAD_DIM, dtype=dtype),
+        q=q, k=k, v=v,
+        raw_g=torch.empty(1, rows, heads, HEAD_DIM, dtype=dtype)[:, :t],
         raw_beta=beta[None, :, :heads], A_log=layer.A_log, dt_bias=layer.dt_bias,
         lower_bound=layer.gate_lower_bound, initial_state=state, cu_seqlens=cu,
         ssm_state_indices=indices, num_accepted_tokens=accepted,
         uniform_sequence_length=common,
-        out=torch.empty(1, t, heads, HEAD_DIM, dtype=dtype),
+        out=torch.empty(1, rows, heads, HEAD_DIM, dtype=dtype)[:, :t],
     )  # fmt: skip
 
 
@@ -158,8 +174,10 @@ def missed(heads: int, monkeypatch, steps: int = 150) -> set:
     builder.vllm_config.scheduler_config.max_num_seqs = MAX_NUM_SEQS
     first = build(builder, Batch([1], 0, [], 0, [50]), NUM_SPEC)
     indices_row = first.spec_state_indices_tensor.stride(0)
+    # The launcher's largest step at this head count.
+    largest = PROVEN_TOKEN_HEADS // heads
     done = warm_up.warm_up_recurrent_kda([layer], indices_row, NUM_SPEC, MAX_NUM_SEQS,
-                                         MAX_TOKENS)  # fmt: skip
+                                         largest)  # fmt: skip
     assert done.layers == 1 and done.calls > 0 and not recorder.launched
     layouts = {
         layout.call: layout
@@ -170,7 +188,8 @@ def missed(heads: int, monkeypatch, steps: int = 150) -> set:
     )
     rng = random.Random(heads)
     for _ in range(steps):
-        serving_calls(layer, builder, random_batch(rng), layouts)
+        step = rng.choice([0, 0, rng.randint(1, largest), largest])
+        serving_calls(layer, builder, random_batch(rng), layouts, step)
     assert recorder.launched
     return recorder.launched - recorder.compiled
 
@@ -195,15 +214,26 @@ def uniform_only(batch_sizes):
     return sizes
 
 
+PLANTED = {
+    "the cover stops at the last gate": ("INT_PERIOD", 0),
+    "no requests of different lengths": ("batch_sizes", uniform_only),
+    "no storage past 2 GiB": ("over_2gib", lambda *args: [frozenset()]),
+}
+
+
 @pytest.mark.parametrize(
     ("planted", "heads"),
-    (("the cover stops at the last gate", 96), ("no requests of different lengths", 6)),
+    (
+        ("the cover stops at the last gate", 96),
+        ("no requests of different lengths", 6),
+        ("no storage past 2 GiB", 12),
+    ),
 )
 def test_a_cover_short_of_serving_misses_launches(planted, heads, monkeypatch):
-    if planted == "the cover stops at the last gate":
-        monkeypatch.setattr(warm_up, "INT_PERIOD", 0)
-    else:
-        monkeypatch.setattr(warm_up, "batch_sizes", uniform_only(warm_up.batch_sizes))
+    name, value = PLANTED[planted]
+    if value is uniform_only:
+        value = uniform_only(warm_up.batch_sizes)
+    monkeypatch.setattr(warm_up, name, value)
     assert missed(heads, monkeypatch)
 
 

@@ -24,7 +24,12 @@ The cover: the launch configuration follows the head-sequence count up to
 and then only the classes of ``N`` and ``T`` (1, a multiple of 16, other),
 which two periods of 16 more requests meet; each request count is met with
 every token count a speculative batch of it can have (1 to num_spec + 1
-tokens a request), with and without a common length.
+tokens a request), with and without a common length. On AMD, Triton also
+compiles a pointer apart when its tensor's storage passes 2 GiB: a long
+step's projections do (at 96 heads a rank the fused projection's past about
+21,700 tokens), so each batch is handed again with each set of tensors
+that can pass it together at the scheduler's largest step (``over_2gib``),
+marked rather than allocated (``Over2GiB``).
 """
 
 import time
@@ -41,6 +46,18 @@ LAST_GATE = 192
 # and a pointer when it is 16-byte aligned.
 INT_PERIOD = 16
 ALIGNMENT = 16
+# AMD's Triton (buffer ops, on by default) compiles a pointer apart when its
+# tensor's storage passes this many bytes (HIPBackend.is_within_2gb).
+POINTER_RANGE = 2**31 - 1
+
+
+class Over2GiB(torch.Tensor):
+    """A tensor that tells Triton its storage passes 2 GiB without holding
+    it: is_within_2gb asks ``ptr_range`` before the storage's size. Other
+    backends ask nothing: there it compiles as the tensor it is."""
+
+    def ptr_range(self) -> int:
+        return POINTER_RANGE + 1
 
 
 @dataclass(frozen=True)
@@ -144,13 +161,46 @@ def _dtype(layer):
     return layer.in_proj_qkvgfab.params_dtype
 
 
+def over_2gib(layer, layout: RecurrentLayout, num_spec: int, max_num_seqs: int,
+              max_num_batched_tokens: int) -> list[frozenset[str]]:  # fmt: skip
+    """Which of a call's tensors can have storages past 2 GiB together, for
+    steps up to the scheduler's limits: the empty set first. The step's
+    tensors grow with its tokens, each by its storage's row: the fused
+    projection's (beta's view), the gate projection's and core_attn_out's
+    (raw_g, out: the step's padded tokens), the convolution outputs' (q, k,
+    v: its actual tokens, 3 projections wide where packed); gathered rows
+    hold the speculative tokens alone."""
+    size = _dtype(layer).itemsize
+    width, heads = layer.local_projection_size, layer.local_num_heads
+    projected = layer.in_proj_qkvgfab.output_size_per_partition
+    qkv = frozenset("qkv")
+    gate_out = frozenset({"raw_g", "out"})
+    beta = frozenset({"raw_beta"})
+    if not layout.spec:
+        rows = max_num_batched_tokens
+        groups = [(beta, projected), (gate_out, width), (qkv, width)]
+    else:
+        rows = min(max_num_seqs * (num_spec + 1), max_num_batched_tokens)
+        if layout.beta_row == heads:  # gathered beside other requests
+            groups = [(qkv, 3 * width), (gate_out, width), (beta, heads)]
+        else:
+            groups = [(beta, projected), (qkv, 3 * width), (gate_out, width)]
+    sets, over = [frozenset()], frozenset()
+    for names, row in groups:  # widest rows first: they pass 2 GiB first
+        if rows * row * size > POINTER_RANGE:
+            over |= names
+            sets.append(over)
+    return sets
+
+
 def _compile_layout(layer, state: torch.Tensor, layout: RecurrentLayout,
                     num_spec: int, max_num_seqs: int,
                     max_num_batched_tokens: int) -> int:  # fmt: skip
     """Hand the wrapper every batch of ``batch_sizes`` in ``layout`` to
-    compile; the number of calls."""
+    compile, with each set of ``over_2gib`` tensors; the number of calls."""
     heads, dim = layer.local_num_heads, layer.head_dim
     width = layer.local_projection_size
+    limits = (num_spec, max_num_seqs, max_num_batched_tokens)
     sizes = list(batch_sizes(layout.spec, num_spec, heads, max_num_seqs,
                              max_num_batched_tokens))  # fmt: skip
     rows = max(t for _, t, _ in sizes)
@@ -168,23 +218,31 @@ def _compile_layout(layer, state: torch.Tensor, layout: RecurrentLayout,
         q, k, v = (heads_view(qkv, i * width) for i in range(3))
     else:
         q, k, v = (heads_view(buffer(rows, width), 0) for _ in range(3))
-    gate = buffer(rows, heads, dim)
     beta = buffer(rows, layout.beta_row)[:, layout.beta_column :][:, :heads]
-    out = buffer(rows, heads, dim)
+    tensors = {
+        "q": q, "k": k, "v": v, "raw_g": buffer(rows, heads, dim), "raw_beta": beta,
+        "out": buffer(rows, heads, dim),
+    }  # fmt: skip
     cu_seqlens = torch.zeros(requests + 1, dtype=torch.int32, device=device)
     accepted = torch.ones(requests, dtype=torch.int32, device=device)
     table = torch.zeros(requests, layout.indices_row, dtype=torch.int32, device=device)
     indices = table[:, : num_spec + 1] if layout.spec else table[:, 0]
-    for n, t, common in sizes:
-        fused_recurrent_kda(
-            q=q[None, :t], k=k[None, :t], v=v[None, :t], raw_g=gate[None, :t],
-            raw_beta=beta[None, :t], A_log=layer.A_log, dt_bias=layer.dt_bias,
-            lower_bound=layer.gate_lower_bound, initial_state=state,
-            cu_seqlens=cu_seqlens[: n + 1], ssm_state_indices=indices[:n],
-            num_accepted_tokens=accepted[:n] if layout.spec else None,
-            uniform_sequence_length=common, out=out[None, :t], compile_only=True,
-        )  # fmt: skip
-    return len(sizes)
+    sets = over_2gib(layer, layout, *limits)
+    for over in sets:
+        given = {
+            name: x.as_subclass(Over2GiB) if name in over else x
+            for name, x in tensors.items()
+        }
+        for n, t, common in sizes:
+            fused_recurrent_kda(
+                **{name: x[None, :t] for name, x in given.items()},
+                A_log=layer.A_log, dt_bias=layer.dt_bias,
+                lower_bound=layer.gate_lower_bound, initial_state=state,
+                cu_seqlens=cu_seqlens[: n + 1], ssm_state_indices=indices[:n],
+                num_accepted_tokens=accepted[:n] if layout.spec else None,
+                uniform_sequence_length=common, compile_only=True,
+            )  # fmt: skip
+    return len(sizes) * len(sets)
 
 
 @dataclass(frozen=True)
