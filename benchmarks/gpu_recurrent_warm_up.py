@@ -42,11 +42,11 @@ load_tree("patched")
 from vllm.models.kimi_k3.amd import kda_recurrent_warm_up as warm_up  # noqa: E402
 from vllm.models.kimi_k3.amd.ops.third_party.kda import fused_recurrent  # noqa: E402
 
+from k3rocm.launcher.step_bound import PROVEN_TOKEN_HEADS  # noqa: E402
 from k3rocm.smoke.interpreter import interpretable, kda_kernels  # noqa: E402
 
 NUM_SPEC = 7  # dspark's draft tokens
 MAX_NUM_SEQS = 4 if DRY else 256
-MAX_TOKENS = 8192
 TABLE_ROW = NUM_SPEC + 4  # a block table wider than the spec block
 STATE_SLOTS = 513  # 13 GB of state at 96 heads
 LOWER_BOUND = -5.0
@@ -142,8 +142,10 @@ def arm(heads: int, warm: str, calls: int, seed: int) -> dict:
     rng = random.Random(seed)
     start = time.perf_counter()
     if warm == "series warm-up":
+        # The launcher's largest step: on AMD its storages pass 2 GiB.
+        largest = PROVEN_TOKEN_HEADS // heads
         done = warm_up.warm_up_recurrent_kda(
-            [layer], TABLE_ROW, NUM_SPEC, MAX_NUM_SEQS, MAX_TOKENS
+            [layer], TABLE_ROW, NUM_SPEC, MAX_NUM_SEQS, largest
         )
         warmed = {"layouts": done.layouts, "calls": done.calls}
     else:  # gpu_spec.py's baseline: the first 50 serving calls
