@@ -275,3 +275,39 @@ def test_the_rocm_builder_warms_up_once_at_its_first_build_with_state_pools(
     build(builder, step, NUM_SPEC)
     assert builder.recurrent_warm_up is warmed and len(recorder.compiled) == compiled
     assert not recorder.launched  # compiled only: nothing ran, nothing written
+
+
+def test_beta_sits_where_the_layers_forward_splits_it():
+    """layer_layouts puts beta at 4 projections + head_dim into the fused
+    projection's row: 0.32.0's forward splits [3 projections (q, k, v), a
+    projection (output gate), head_dim (gate input), heads (beta)]."""
+    import vllm.models.kimi_k3.amd.kda as kda
+
+    tree = ast.parse(Path(kda.__file__).read_text())
+    [forward] = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name == "forward"
+        and "split_sizes" in ast.unparse(node)
+    ]  # fmt: skip
+    [sizes] = [
+        node.value
+        for node in ast.walk(forward)
+        if isinstance(node, ast.Assign)
+        and ast.unparse(node.targets[0]) == "split_sizes"
+    ]
+    assert [ast.unparse(e) for e in sizes.elts] == [
+        "3 * self.local_projection_size",
+        "self.local_projection_size",
+        "self.head_dim",
+        "self.local_num_heads",
+    ]
+    unpacked = [
+        ast.unparse(node.targets[0])
+        for node in ast.walk(forward)
+        if isinstance(node, ast.Assign) and ast.unparse(node.value) == "projected[:4]"
+    ]
+    assert unpacked == ["(mixed_qkv, g_proj_states, f_a, beta)"]
+    layer = stand_in_layer(12)
+    [plain] = warm_up.layer_layouts(layer, 9, 0)
+    assert plain.beta_column == 4 * layer.local_projection_size + layer.head_dim
