@@ -254,7 +254,7 @@ def test_the_cover_reaches_0_32_0s_last_launch_configuration_gate():
     assert bounds and max(bounds) == warm_up.LAST_GATE
 
 
-def test_the_rocm_builder_warms_up_once_at_its_first_build_with_state_pools(
+def test_the_rocm_builder_warms_up_at_its_first_build_with_each_state_pool(
     monkeypatch,
 ):
     recorder = Recorder()
@@ -274,6 +274,14 @@ def test_the_rocm_builder_warms_up_once_at_its_first_build_with_state_pools(
     assert warmed.layers == 1 and warmed.layouts >= 3 and compiled
     build(builder, step, NUM_SPEC)
     assert builder.recurrent_warm_up is warmed and len(recorder.compiled) == compiled
+    # The KV cache bound again (vLLM's profiling run's, then the real one):
+    # a pool with another row stride, warmed at the next build.
+    state = pools[1]
+    wider = torch.empty(state.shape[0], state[0].numel() + 64)
+    layer.kv_cache = (pools[0], wider[:, : state[0].numel()].view(state.shape))
+    build(builder, step, NUM_SPEC)
+    assert builder.recurrent_warm_up is not warmed
+    assert len(recorder.compiled) > compiled
     assert not recorder.launched  # compiled only: nothing ran, nothing written
 
 
