@@ -54,9 +54,11 @@ DT = torch.float32 if DRY else torch.bfloat16
 
 
 def binaries() -> int | None:
-    caches = getattr(
-        fused_recurrent.fused_recurrent_kda_fwd_kernel, "device_caches", None
-    )
+    """The recurrent kernel's compiled binaries (None: the interpreter)."""
+    kernel = fused_recurrent.fused_recurrent_kda_fwd_kernel
+    while not hasattr(kernel, "device_caches") and hasattr(kernel, "fn"):
+        kernel = kernel.fn  # under Triton's heuristics
+    caches = getattr(kernel, "device_caches", None)
     return None if caches is None else sum(len(c[0]) for c in caches.values())
 
 

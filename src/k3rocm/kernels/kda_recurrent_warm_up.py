@@ -8,9 +8,10 @@ can be asked for while serving.
 0.32.0's wrapper (``fused_recurrent_kda_fwd``) picks a launch configuration
 per call: the value block and the pipeline stages from the head-sequence
 count, and for speculative steps the requests' common length, compiled in
-as a constant (``SEQUENCE_LENGTH``, ``IS_SINGLE_SEQUENCE``). Triton also
-compiles the integer arguments ``N`` and ``T`` apart when they are 1 or a
-multiple of 16. Each new combination is a compile in the middle of a step:
+as a constant (``SEQUENCE_LENGTH``, ``IS_SINGLE_SEQUENCE``); the request
+and token counts themselves are opted out of Triton's integer classes
+(``do_not_specialize``). Each new configuration is a compile in the middle
+of a step:
 on an H100, 9 binaries after a 50-step warm-up over 3,000 dspark steps
 (kimi-k3-rocm docs/benchmarks.md, run M). The ROCm builder calls
 ``warm_up_recurrent_kda`` at its first build, when the layers' state pools
@@ -21,10 +22,9 @@ each of its recurrent calls, with the layer's own parameters and state pool.
 
 The cover: the launch configuration follows the head-sequence count up to
 ``LAST_GATE`` (the largest bound in 0.32.0's two gates, a test reads them)
-and then only the classes of ``N`` and ``T`` (1, a multiple of 16, other),
-which two periods of 16 more requests meet; each request count is met with
-every token count a speculative batch of it can have (1 to num_spec + 1
-tokens a request), with and without a common length. On AMD, Triton also
+and no further, so every request count up to one past it, each with every
+token count a speculative batch of it can have (1 to num_spec + 1 tokens a
+request), with and without a common length. On AMD, Triton also
 compiles a pointer apart when its tensor's storage passes 2 GiB: a long
 step's projections do (at 96 heads a rank the fused projection's past about
 21,700 tokens), so each batch is handed again with each set of tensors
@@ -42,9 +42,7 @@ from .ops.third_party.kda.fused_recurrent import fused_recurrent_kda
 # 0.32.0's _get_static_sequence_length and _select_kda_launch_config compare
 # the head-sequence count with 24, 48 and 192.
 LAST_GATE = 192
-# Triton compiles an integer argument apart when it is 1 or a multiple of 16,
-# and a pointer when it is 16-byte aligned.
-INT_PERIOD = 16
+# Triton compiles a pointer apart when it is 16-byte aligned.
 ALIGNMENT = 16
 # AMD's Triton (buffer ops, on by default) compiles a pointer apart when its
 # tensor's storage passes this many bytes (HIPBackend.is_within_2gb).
@@ -141,7 +139,7 @@ def batch_sizes(spec: bool, num_spec: int, heads: int, max_num_seqs: int,
                 max_num_batched_tokens: int):  # fmt: skip
     """(requests, tokens, common length or None) of every call the cover
     makes for one layout."""
-    last = min(max_num_seqs, LAST_GATE // heads + 2 * INT_PERIOD)
+    last = min(max_num_seqs, LAST_GATE // heads + 1)
     for n in range(1, last + 1):
         if not spec:
             if n <= max_num_batched_tokens:
