@@ -85,15 +85,21 @@ class Whole:
 
     def parse(self, setting: Setting, text: str, launcher: bool) -> int:
         digits = MAX_DIGITS if self.high is None else len(str(self.high))
-        if not (text.isascii() and text.isdigit() and len(text) <= digits) or not (
-            self.low <= int(text) <= (self.high if self.high is not None else int(text))
+        # Leading zeros are still the same number (K3_PORT=08000 is 8000).
+        significant = text.lstrip("0") or "0"
+        if not (
+            text.isascii() and text.isdigit() and len(significant) <= digits
+        ) or not (
+            self.low
+            <= int(significant)
+            <= (self.high if self.high is not None else int(significant))
         ):
             raise SettingError(
                 f"{setting.label(launcher)} is {shown(text)}, not a whole number "
                 f"{self.bounds}; set a whole number in that range, e.g. "
                 f"{setting.example(self.low, launcher)}."
             )
-        return int(text)
+        return int(significant)
 
 
 @dataclass(frozen=True)
