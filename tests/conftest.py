@@ -36,14 +36,33 @@ def pytest_ignore_collect(collection_path, config):
 
 def pytest_collection_modifyitems(config, items):
     """There, of the files collected, the tests not marked every_line are
-    deselected."""
-    if not OTHER_LINE:
-        return
-    kept = [item for item in items if item.get_closest_marker("every_line")]
-    dropped = [item for item in items if not item.get_closest_marker("every_line")]
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+    deselected. Then the files are put in the order two workers share them
+    best in (scripts/test: pytest-xdist, --dist loadfile: each file whole on
+    one worker, for its module fixtures: a server, a compose project,
+    containers named per file)."""
+    if OTHER_LINE:
+        kept = [item for item in items if item.get_closest_marker("every_line")]
+        dropped = [item for item in items if not item.get_closest_marker("every_line")]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
+    items.sort(key=start_order(items).__getitem__)
+
+
+def start_order(items) -> dict:
+    """Slow files first, the many quick ones last to even out the end: the
+    first container file (it builds the images) while the other worker runs
+    the vLLM server files, then the other container files, then the rest.
+    Within a file, the order it was written in."""
+    kinds: dict = {}
+    for item in items:
+        kind = 3
+        if item.get_closest_marker("docker"):
+            kind = 0 if not kinds or min(kinds.values()) > 0 else 2
+        elif item.get_closest_marker("server"):
+            kind = 1
+        kinds[item.path] = min(kind, kinds.get(item.path, 3))
+    return {item: (kinds[item.path], index) for index, item in enumerate(items)}
 
 
 # The container tests' images (tests/support/docker_images.py), built once a session.

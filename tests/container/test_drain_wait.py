@@ -10,6 +10,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from support.vllm_server import free_port
 
 from k3rocm.common.metric_names import API_IN_FLIGHT
 from k3rocm.container.drain_wait import MetricsBusy, requests_in_flight, wait_drained
@@ -100,10 +101,7 @@ def test_a_busy_metrics_is_asked_again_not_taken_for_a_server_gone(metrics):
 
 
 def test_nothing_listening_is_not_serving_at_once():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # closed again before the wait
-    lines, took = drain(f"http://127.0.0.1:{port}/metrics", 30)
+    lines, took = drain(f"http://127.0.0.1:{free_port()}/metrics", 30)
     assert lines == ["drain: vLLM is not serving (no /metrics); nothing to drain"]
     assert took < 5
 

@@ -80,14 +80,18 @@ def secret_file(path: Path, text: str, owner: int = 1000) -> Path:
 @pytest.fixture(scope="module")
 def project(request, image, standin, model, tmp_path_factory):
     """The stack as an operator pinning by digest runs it: K3_IMAGE is the
-    pushed REPO:TAG@sha256:... and no local copy of the image exists, so the
-    engine pulls it from the registry (and checks the digest). Another
-    release line's image runs by its local tag: the pull by digest is
-    Docker's, the same for every line (and a minute of push and pull)."""
+    pushed REPO:TAG@sha256:... and no local reference to it exists, so the
+    engine pulls it from the registry (and checks the digest). The image
+    itself stays under the session's tag: the other test worker may be
+    running containers of it, and its layers are the registry's (the pull
+    fetches the manifest and finds each layer there). Another release line's
+    image runs by its local tag: the pull by digest is Docker's, the same
+    for every line (and a minute of push and pull)."""
     tmp = tmp_path_factory.mktemp("compose")
     if ON_DEFAULT_LINE:
-        pinned = request.getfixturevalue("pushed_image")["ref"]
-        untag_everywhere(image)
+        pushed = request.getfixturevalue("pushed_image")
+        pinned = pushed["ref"]
+        forget_the_registrys_references(pushed)
     else:
         pinned = image
     stack = cpu_stack(
@@ -152,18 +156,14 @@ def project(request, image, standin, model, tmp_path_factory):
             capture_output=True,
             timeout=300,
         )
-        if ON_DEFAULT_LINE:
-            # The other container tests run the session's tag: the same image.
-            docker("pull", pinned, timeout=1800)
-            docker("tag", pinned, image)
 
 
-def untag_everywhere(image: str) -> None:
-    """Remove every local tag of the image, so that none of its layers is
-    left and the compose start must pull it."""
-    tags = json.loads(docker("image", "inspect", image).stdout)[0]["RepoTags"]
-    removed = docker("rmi", *tags).stdout
-    assert "Deleted: sha256:" in removed, removed
+def forget_the_registrys_references(pushed: dict) -> None:
+    """Remove the pushed tag (and with it the digest Docker recorded for it)
+    but not the image, which the session's tag keeps: compose must pull the
+    pinned reference."""
+    docker("rmi", f"{pushed['repo']}:{pushed['tag']}")
+    assert docker("image", "inspect", pushed["ref"], check=False).returncode != 0
 
 
 def wait_for(what: str, condition, timeout: float, diagnose=lambda: "") -> None:

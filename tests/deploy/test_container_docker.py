@@ -24,6 +24,7 @@ from support.bodiless import answer_of, headers_only
 from support.docker_images import (
     IN_CONTAINER_MODEL,
     LONGEST_STREAM,
+    ONE_BUILD_AT_A_TIME,
     Container,
     Stream,
     build_standin,
@@ -35,6 +36,7 @@ from support.docker_images import (
     vllm_processes,
 )
 from support.vllm_trees import REPO, SERIES
+from support.worker_lock import worker_lock
 
 from k3rocm.supply_chain.image import image_tag
 from k3rocm.tryout.tiny_model import MAX_POSITIONS
@@ -44,6 +46,8 @@ STREAMS = 16
 # Long enough to be in flight when the stop comes on a fast machine (300 was
 # not: a CI machine finished them first), short enough for a 90 s drain.
 STREAM_TOKENS = 1500
+# A build of this file's own, in the repository's wheelhouse as the others.
+one_build_at_a_time = worker_lock(ONE_BUILD_AT_A_TIME)
 
 
 @pytest.fixture(scope="module")
@@ -378,7 +382,7 @@ def test_the_image_builds_with_buildkit_offline_on_another_python_layout(
     other_base = build_standin("venv")
     for builder, base in (("buildkit", standin), ("legacy", other_base)):
         env = {"DOCKER_BUILDKIT": "1" if builder == "buildkit" else "0"}
-        result = subprocess.run(
+        result = one_build_at_a_time(subprocess.run)(
             [
                 "/usr/bin/docker",
                 "build",

@@ -12,7 +12,6 @@ between the builder and that call is the real layer.
 
 import dataclasses
 import math
-import socket
 
 import pytest
 import torch
@@ -29,6 +28,7 @@ from support.gdn_batches import (
     lengths,
     make_builder,
 )
+from support.vllm_server import free_port
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.distributed import (
     destroy_distributed_environment,
@@ -55,12 +55,6 @@ from vllm.v1.attention.backends.gdn_attn import (
 
 HEADS, HEAD_DIM = 2, 16
 PREFIX = "model.layers.0.self_attn"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -29,10 +29,14 @@ from k3rocm.tryout.cpu import CPU_SERVER_ENV, CPU_SETTINGS
 from k3rocm.tryout.monitoring import DEBIAN_SERVERS, debian_image
 from support.vllm_server import free_port
 from support.vllm_trees import REPO, SERIES
+from support.worker_lock import worker_lock
 
 TEST_REPO = "k3rocm-test"
 STANDIN_SCRIPT = REPO / "scripts" / "standin-base"
 IN_CONTAINER_MODEL = "/models/tiny"
+# Builds share caches (.cache/standin, docker/wheelhouse) and tags: one at a
+# time across the test workers; the second finds Docker's cache warm.
+ONE_BUILD_AT_A_TIME = "docker-build"
 
 
 def docker(*args: str, timeout: float = 600, check: bool = True, **kwargs):
@@ -59,6 +63,7 @@ def require_engine() -> None:
         )
 
 
+@worker_lock(ONE_BUILD_AT_A_TIME)
 def build_standin(variant: str = "plain") -> str:
     """The stand-in base of the installed vLLM's line (each line's tests
     build that line's image)."""
@@ -73,6 +78,7 @@ def build_standin(variant: str = "plain") -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
+@worker_lock(ONE_BUILD_AT_A_TIME)
 def monitoring_images() -> dict[str, str]:
     """Prometheus' and Alertmanager's images as scripts/try-cpu builds them
     where Docker Hub cannot be reached (k3rocm.tryout.monitoring: Debian's
@@ -81,6 +87,7 @@ def monitoring_images() -> dict[str, str]:
     return {service: debian_image(os_image, service) for service in DEBIAN_SERVERS}
 
 
+@worker_lock(ONE_BUILD_AT_A_TIME)
 def build_image(base: str) -> str:
     """The image, by scripts/build-image (wheelhouse, then `docker build`)."""
     result = subprocess.run(

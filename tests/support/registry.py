@@ -17,9 +17,11 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from support.docker_images import ONE_BUILD_AT_A_TIME
 from support.processes import running
 from support.vllm_server import free_port
 from support.vllm_trees import REPO, SERIES
+from support.worker_lock import worker_lock
 
 # The manifest type Docker 20.10 pushes; the registry's digest of it is the
 # one `docker push` reports and K3_IMAGE pins.
@@ -72,6 +74,7 @@ def registry_digest(address: str, name: str, tag: str) -> str | None:
         raise
 
 
+@worker_lock(ONE_BUILD_AT_A_TIME)
 def build_image_push(base: str, repo: str) -> subprocess.CompletedProcess:
     """scripts/build-image --push, as an operator runs it (the installed
     vLLM's line)."""

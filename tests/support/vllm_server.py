@@ -28,10 +28,23 @@ from pathlib import Path
 SERVE_SCRIPT = Path(__file__).resolve()
 
 
+# Each test worker (scripts/test runs two) counts up in a range of its own,
+# below the kernel's ephemeral ports: a port found free by bind(0) could be
+# handed to the other worker before this one's server binds it.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+_PORTS = iter(range(20000 + 2000 * _WORKER, 22000 + 2000 * _WORKER))
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port nothing listens on that no other test is given."""
+    for port in _PORTS:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("this worker used all its 2,000 ports")
 
 
 def http_get(url: str, timeout: float = 10) -> str:

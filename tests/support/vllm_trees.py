@@ -13,6 +13,7 @@ from pathlib import Path
 
 from k3rocm.patchtool.lines import default_line_dir, installed_line_dir
 from k3rocm.patchtool.series import Series
+from support.worker_lock import worker_lock
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache"
@@ -62,9 +63,10 @@ def run_patchset(*args: str) -> subprocess.CompletedProcess:
 def patched_tree() -> Path:
     """A patched copy of the installed vLLM, made once per series revision."""
     root = CACHE / "patched-vllm" / SERIES.sha256[:12]
-    if not (root / "vllm" / ".k3rocm-patchset.json").is_file():
-        shutil.rmtree(root, ignore_errors=True)
-        copy_tree(installed_root(), root)
-        result = run_patchset("apply", "--target", str(root))
-        assert result.returncode == 0, result.stderr
+    with worker_lock("patched-vllm"):
+        if not (root / "vllm" / ".k3rocm-patchset.json").is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            copy_tree(installed_root(), root)
+            result = run_patchset("apply", "--target", str(root))
+            assert result.returncode == 0, result.stderr
     return root
