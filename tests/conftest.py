@@ -15,6 +15,7 @@ import pytest
 from support.docker_images import build_image, build_standin, require_engine
 from support.registry import PUSHED, build_image_push, running_registry
 from support.vllm_trees import ON_DEFAULT_LINE
+from support.workers import start_order
 
 from k3rocm.tryout.tiny_model import build_for_containers
 
@@ -47,22 +48,6 @@ def pytest_collection_modifyitems(config, items):
             config.hook.pytest_deselected(items=dropped)
             items[:] = kept
     items.sort(key=start_order(items).__getitem__)
-
-
-def start_order(items) -> dict:
-    """Slow files first, the many quick ones last to even out the end: the
-    first container file (it builds the images) while the other worker runs
-    the vLLM server files, then the other container files, then the rest.
-    Within a file, the order it was written in."""
-    kinds: dict = {}
-    for item in items:
-        kind = 3
-        if item.get_closest_marker("docker"):
-            kind = 0 if not kinds or min(kinds.values()) > 0 else 2
-        elif item.get_closest_marker("server"):
-            kind = 1
-        kinds[item.path] = min(kind, kinds.get(item.path, 3))
-    return {item: (kinds[item.path], index) for index, item in enumerate(items)}
 
 
 # The container tests' images (tests/support/docker_images.py), built once a session.

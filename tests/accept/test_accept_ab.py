@@ -16,8 +16,8 @@ import sys
 import pytest
 import yaml
 from support.docker_images import docker
-from support.vllm_server import free_port
 from support.vllm_trees import REPO
+from support.workers import free_port
 
 from k3rocm.accept.ab import (
     DEVICE,

@@ -10,7 +10,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from support.vllm_server import free_port
+from support.workers import free_port
 
 from k3rocm.common.metric_names import API_IN_FLIGHT
 from k3rocm.container.drain_wait import MetricsBusy, requests_in_flight, wait_drained

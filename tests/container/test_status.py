@@ -13,8 +13,8 @@ import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.vllm_server import free_port
 from support.vllm_trees import REPO
+from support.workers import free_port
 
 from k3rocm.container.drain import write_drain_mark
 

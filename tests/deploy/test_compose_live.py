@@ -37,8 +37,8 @@ from support.docker_images import (
     signal_process,
     vllm_processes,
 )
-from support.vllm_server import free_port
 from support.vllm_trees import ON_DEFAULT_LINE, REPO
+from support.workers import free_port
 
 from k3rocm.container import api_access
 from k3rocm.tryout.cpu import CPU_SETTINGS

@@ -36,7 +36,7 @@ from support.docker_images import (
     vllm_processes,
 )
 from support.vllm_trees import REPO, SERIES
-from support.worker_lock import worker_lock
+from support.workers import worker_lock
 
 from k3rocm.supply_chain.image import image_tag
 from k3rocm.tryout.tiny_model import MAX_POSITIONS

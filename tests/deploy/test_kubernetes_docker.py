@@ -59,7 +59,7 @@ from pathlib import Path
 
 import pytest
 from support.docker_images import CPU_DEV_ENV, docker, http
-from support.vllm_server import free_port
+from support.workers import free_port
 from test_kubernetes import main_container, one, render
 
 pytestmark = pytest.mark.docker

@@ -28,7 +28,7 @@ from support.gdn_batches import (
     lengths,
     make_builder,
 )
-from support.vllm_server import free_port
+from support.workers import free_port
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.distributed import (
     destroy_distributed_environment,

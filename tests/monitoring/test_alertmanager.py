@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 from support.processes import running
-from support.vllm_server import free_port, http_get
+from support.vllm_server import http_get
+from support.workers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MONITORING = REPO / "monitoring"

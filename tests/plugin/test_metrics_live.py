@@ -26,12 +26,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.processes import running
 from support.vllm_server import (
     VllmServer,
-    free_port,
     http_get,
     http_post_json,
     running_vllm_server,
 )
 from support.vllm_trees import SERIES, patched_tree
+from support.workers import free_port
 
 from k3rocm.common.setting_table import IMAGE_TAG, SMOKE_REPORT
 from k3rocm.common.smoke_report import Stage

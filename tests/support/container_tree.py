@@ -24,8 +24,8 @@ from pathlib import Path
 
 from k3rocm.tryout.cpu import CPU_SETTINGS, SERVE_ENV
 from k3rocm.tryout.tiny_model import build_tiny_llama
-from support.vllm_server import free_port
 from support.vllm_trees import REPO, patched_tree
+from support.workers import free_port
 
 DUMB_INIT = Path(sys.executable).with_name("dumb-init")
 # The image's CMD, under its ENTRYPOINT (dumb-init) below.

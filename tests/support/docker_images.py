@@ -27,9 +27,8 @@ import pytest
 
 from k3rocm.tryout.cpu import CPU_SERVER_ENV, CPU_SETTINGS
 from k3rocm.tryout.monitoring import DEBIAN_SERVERS, debian_image
-from support.vllm_server import free_port
 from support.vllm_trees import REPO, SERIES
-from support.worker_lock import worker_lock
+from support.workers import free_port, worker_lock
 
 TEST_REPO = "k3rocm-test"
 STANDIN_SCRIPT = REPO / "scripts" / "standin-base"

@@ -19,9 +19,8 @@ from pathlib import Path
 
 from support.docker_images import ONE_BUILD_AT_A_TIME
 from support.processes import running
-from support.vllm_server import free_port
 from support.vllm_trees import REPO, SERIES
-from support.worker_lock import worker_lock
+from support.workers import free_port, worker_lock
 
 # The manifest type Docker 20.10 pushes; the registry's digest of it is the
 # one `docker push` reports and K3_IMAGE pins.

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,25 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SERVE_SCRIPT = Path(__file__).resolve()
-
-
-# Each test worker (scripts/test runs two) counts up in a range of its own,
-# below the kernel's ephemeral ports: a port found free by bind(0) could be
-# handed to the other worker before this one's server binds it.
-_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
-_PORTS = iter(range(20000 + 2000 * _WORKER, 22000 + 2000 * _WORKER))
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on that no other test is given."""
-    for port in _PORTS:
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("this worker used all its 2,000 ports")
 
 
 def http_get(url: str, timeout: float = 10) -> str:
@@ -132,6 +112,10 @@ def start_vllm_server(
     """Start ``vllm serve MODEL ARGS`` on 127.0.0.1 in its own process group,
     logging to ``log_path``; return once /health answers (stopping it and
     raising with the log's tail if it exits or times out first)."""
+    # Imported here: this file is also vLLM's server script, run where
+    # support/ is no package on the path.
+    from support.workers import free_port
+
     port = port or free_port()
     with log_path.open("wb") as log:
         process = subprocess.Popen(

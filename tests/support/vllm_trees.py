@@ -13,7 +13,7 @@ from pathlib import Path
 
 from k3rocm.patchtool.lines import default_line_dir, installed_line_dir
 from k3rocm.patchtool.series import Series
-from support.worker_lock import worker_lock
+from support.workers import worker_lock
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache"

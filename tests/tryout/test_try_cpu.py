@@ -22,8 +22,8 @@ import sys
 
 import pytest
 from support.docker_images import build_standin, docker, http
-from support.vllm_server import free_port
 from support.vllm_trees import REPO
+from support.workers import free_port
 
 from k3rocm.tryout.monitoring import MonitoringError, debian_image, monitoring_image
 
