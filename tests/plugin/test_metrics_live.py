@@ -12,9 +12,11 @@ import os
 import random
 import re
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -129,17 +131,59 @@ def complete(server: VllmServer, prompt: str, max_tokens: int) -> dict:
     )
 
 
+def complete_streamed(
+    server: VllmServer, prompt: str, max_tokens: int, decoding: threading.Event
+) -> dict:
+    """complete(), streamed: decoding is set at the first token (its prompt
+    is done, the rest are decode steps); the usage as the last chunk has it."""
+    body = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    request = urllib.request.Request(
+        server.base_url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    usage = None
+    with urllib.request.urlopen(request, timeout=120) as response:
+        for line in response:
+            data = line.decode().removeprefix("data: ").strip()
+            if not data or data == "[DONE]":
+                continue
+            chunk = json.loads(data)
+            if chunk.get("choices"):
+                decoding.set()
+            usage = chunk.get("usage") or usage
+    return {"usage": usage}
+
+
+# Tokens of the long generation: its decode steps must outlast two more
+# requests' way through a loaded API server into the engine (160 did not,
+# beside another test worker), within the server's 512-token context.
+LONG_GENERATION = 400
+
+
 def run_workload(server: VllmServer, model_dir: Path, rng: random.Random) -> Sent:
-    """One long generation, and two fresh prompts arriving while it decodes,
-    so the engine runs prefill, mixed and decode steps. Fresh random prompts
-    never hit the prefix cache, so every prompt token is scheduled."""
+    """One long generation, and two fresh prompts sent once it decodes (its
+    first token is out), so the engine runs prefill, mixed and decode steps
+    under any load (a fixed head start was not always enough: a CI-like run
+    beside another test worker saw no mixed step in four workloads). Fresh
+    random prompts never hit the prefix cache, so every prompt token is
+    scheduled."""
     requests = [
         (" ".join(random_words(rng, words)), max_tokens)
-        for words, max_tokens in ((20, 160), (40, 8), (60, 8))
+        for words, max_tokens in ((20, LONG_GENERATION), (40, 8), (60, 8))
     ]
+    decoding = threading.Event()
     with ThreadPoolExecutor(len(requests)) as pool:
-        first = pool.submit(complete, server, *requests[0])
-        time.sleep(0.3)
+        first = pool.submit(complete_streamed, server, *requests[0], decoding)
+        assert decoding.wait(120), "the long generation never started decoding"
         later = [pool.submit(complete, server, *request) for request in requests[1:]]
         responses = [first.result(), *(future.result() for future in later)]
     prompt_tokens = [count_tokens(model_dir, prompt) for prompt, _ in requests]
