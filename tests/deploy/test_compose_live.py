@@ -83,8 +83,9 @@ def project(request, image, standin, model, tmp_path_factory):
     pushed REPO:TAG@sha256:... and no local reference to it exists, so the
     engine pulls it from the registry (and checks the digest). The image
     itself stays under the session's tag: the other test worker may be
-    running containers of it, and its layers are the registry's (the pull
-    fetches the manifest and finds each layer there). Another release line's
+    running containers of it, so the pull fetches the manifest and finds
+    each layer local (test_registry_docker.py proves the registry holds
+    them). Another release line's
     image runs by its local tag: the pull by digest is Docker's, the same
     for every line (and a minute of push and pull)."""
     tmp = tmp_path_factory.mktemp("compose")

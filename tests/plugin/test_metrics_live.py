@@ -30,6 +30,7 @@ from support.vllm_server import (
     VllmServer,
     http_get,
     http_post_json,
+    json_request,
     running_vllm_server,
 )
 from support.vllm_trees import SERIES, patched_tree
@@ -118,16 +119,24 @@ class Sent:
     requests: int
 
 
+def completion(prompt: str, max_tokens: int, stream: bool = False) -> dict:
+    """A completions request body: exactly max_tokens, greedy; streamed, the
+    last chunk carries the usage."""
+    body = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    return body
+
+
 def complete(server: VllmServer, prompt: str, max_tokens: int) -> dict:
     return http_post_json(
-        server.base_url + "/v1/completions",
-        {
-            "model": MODEL_NAME,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-            "temperature": 0,
-        },
+        server.base_url + "/v1/completions", completion(prompt, max_tokens)
     )
 
 
@@ -136,19 +145,9 @@ def complete_streamed(
 ) -> dict:
     """complete(), streamed: decoding is set at the first token (its prompt
     is done, the rest are decode steps); the usage as the last chunk has it."""
-    body = {
-        "model": MODEL_NAME,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    request = urllib.request.Request(
+    request = json_request(
         server.base_url + "/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+        completion(prompt, max_tokens, stream=True),
     )
     usage = None
     with urllib.request.urlopen(request, timeout=120) as response:
@@ -172,8 +171,9 @@ LONG_GENERATION = 400
 def run_workload(server: VllmServer, model_dir: Path, rng: random.Random) -> Sent:
     """One long generation, and two fresh prompts sent once it decodes (its
     first token is out), so the engine runs prefill, mixed and decode steps
-    under any load (a fixed head start was not always enough: a CI-like run
-    beside another test worker saw no mixed step in four workloads). Fresh
+    if they reach the engine within its 399 decode steps: still a race, but
+    a wide one (a fixed head start of 0.3 s before a 160-token generation
+    lost it in four workloads in a row beside another test worker). Fresh
     random prompts never hit the prefix cache, so every prompt token is
     scheduled."""
     requests = [
@@ -245,7 +245,7 @@ def check_step_metrics(
         assert delta(STEP + "_sum", kind=kind) > 0
     # Every generated token after the first needs a step of its own, but
     # those a speculating engine accepted from a draft.
-    longest = 160 - 1
+    longest = LONG_GENERATION - 1
     assert delta(STEP + "_count", kind="decode") + delta(
         STEP + "_count", kind="mixed"
     ) >= longest - accepted(delta)

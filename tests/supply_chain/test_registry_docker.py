@@ -1,20 +1,28 @@
 """Pinned for real: the image pushed to a real registry (Debian's
 docker-registry on a loopback port, tests/support/registry.py) by scripts/build-image
 --push, its digest checked against the registry's manifest API, a second push
-of the tag refused before anything is built or sent, and what the image holds
+of the tag refused before anything is built or sent, every blob the
+manifest names held by the registry, and what the image holds
 read by digest without running it (--inspect, the SBOM). Compose running the
-pushed image by digest, with no local copy, is test_compose_live.py's
+pushed image by digest, with no local reference to it, is test_compose_live.py's
 fixture; a wrong digest is refused there too."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
 
 import pytest
 from support.docker_images import docker
-from support.registry import build_image_push, registry_digest
+from support.registry import (
+    build_image_push,
+    registry_blob,
+    registry_blob_size,
+    registry_digest,
+    registry_manifest,
+)
 from support.vllm_trees import REPO
 
 from k3rocm.patchtool.lines import default_line_dir
@@ -37,6 +45,23 @@ def test_the_printed_digest_is_the_registrys(pushed_image):
         registry_digest(pushed_image["registry"], name, pushed_image["tag"])
         == (pushed_image["digest"])
     )
+
+
+def test_the_registry_holds_every_blob_the_pushed_manifest_names(pushed_image):
+    """What a pull by digest fetches (test_compose_live's pull finds the
+    layers already local, so this is where they are proven pushed): the
+    config, whose bytes hash to the digest the manifest names and which
+    lists one layer per manifest layer, and every layer at its size."""
+    registry, name = pushed_image["registry"], pushed_image["repo"].split("/", 1)[1]
+    manifest = registry_manifest(registry, name, pushed_image["digest"])
+    config = registry_blob(registry, name, manifest["config"]["digest"])
+    assert (
+        "sha256:" + hashlib.sha256(config).hexdigest() == (manifest["config"]["digest"])
+    )
+    diff_ids = json.loads(config)["rootfs"]["diff_ids"]
+    assert len(manifest["layers"]) == len(diff_ids) > 1
+    for layer in manifest["layers"]:
+        assert registry_blob_size(registry, name, layer["digest"]) == layer["size"]
 
 
 def test_a_tag_is_never_pushed_twice(pushed_image, standin):

@@ -7,6 +7,7 @@ which the Docker engine talks to over plain HTTP as it does for any
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shutil
 import subprocess
@@ -55,6 +56,32 @@ def running_registry(directory: Path) -> Iterator[str]:
             yield address
         finally:
             shutil.rmtree(directory / "data", ignore_errors=True)
+
+
+def registry_manifest(address: str, name: str, reference: str) -> dict:
+    """The manifest the registry serves for name:reference (a tag or digest)."""
+    request = urllib.request.Request(
+        f"http://{address}/v2/{name}/manifests/{reference}",
+        headers={"Accept": MANIFEST_V2},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def registry_blob(address: str, name: str, digest: str) -> bytes:
+    """A blob the registry holds."""
+    url = f"http://{address}/v2/{name}/blobs/{digest}"
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return response.read()
+
+
+def registry_blob_size(address: str, name: str, digest: str) -> int:
+    """The size the registry serves a blob at, without fetching it."""
+    request = urllib.request.Request(
+        f"http://{address}/v2/{name}/blobs/{digest}", method="HEAD"
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return int(response.headers["Content-Length"])
 
 
 def registry_digest(address: str, name: str, tag: str) -> str | None:

@@ -32,13 +32,17 @@ def http_get(url: str, timeout: float = 10) -> str:
         return response.read().decode()
 
 
-def http_post_json(url: str, body: dict, timeout: float = 120) -> dict:
-    request = urllib.request.Request(
+def json_request(url: str, body: dict) -> urllib.request.Request:
+    """A POST of body as JSON."""
+    return urllib.request.Request(
         url,
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=timeout) as response:
+
+
+def http_post_json(url: str, body: dict, timeout: float = 120) -> dict:
+    with urllib.request.urlopen(json_request(url, body), timeout=timeout) as response:
         return json.loads(response.read())
 
 

@@ -34,10 +34,12 @@ def start_order(items) -> dict:
     other container files, then the rest. Within a file, the order it was
     written in."""
     kinds: dict = {}
+    first_docker_file = None
     for item in items:
         kind = 3
         if item.get_closest_marker("docker"):
-            kind = 0 if not kinds or min(kinds.values()) > 0 else 2
+            first_docker_file = first_docker_file or item.path
+            kind = 0 if item.path == first_docker_file else 2
         elif item.get_closest_marker("server"):
             kind = 1
         kinds[item.path] = min(kind, kinds.get(item.path, 3))
