@@ -15,7 +15,7 @@ import pytest
 from support.docker_images import build_image, build_standin, require_engine
 from support.registry import PUSHED, build_image_push, running_registry
 from support.vllm_trees import ON_DEFAULT_LINE
-from support.workers import start_order
+from support.workers import TogetherScheduling, start_order
 
 from k3rocm.tryout.tiny_model import build_for_containers
 
@@ -48,6 +48,15 @@ def pytest_collection_modifyitems(config, items):
             config.hook.pytest_deselected(items=dropped)
             items[:] = kept
     items.sort(key=start_order(items).__getitem__)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """scripts/test's --dist loadfile, keeping support.workers.RUN_TOGETHER's
+    files on one worker."""
+    if config.getvalue("dist") == "loadfile":
+        return TogetherScheduling(config, log)
+    return None
 
 
 # The container tests' images (tests/support/docker_images.py), built once a session.

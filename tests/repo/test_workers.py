@@ -1,6 +1,7 @@
 """What lets two test workers share one machine (tests/support/workers.py,
 ./scripts/test): a lock the other worker waits on, ports no other worker is
-given, and the order the files start in."""
+given, the order the files start in, and the files one worker runs
+together."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from support.vllm_trees import REPO
-from support.workers import free_port, start_order, worker_lock, worker_ports
+from support.workers import (
+    RUN_TOGETHER,
+    free_port,
+    scope_of,
+    start_order,
+    worker_lock,
+    worker_ports,
+)
 
 HOLD = """
 import sys
@@ -89,3 +97,58 @@ def test_the_first_container_file_starts_beside_the_server_files():
     ]  # fmt: skip
     # Within a file, the order it was written in.
     assert ordered[0].marks == () and ordered[1].marks == ("docker",)
+
+
+SCRATCH_CONFTEST = """
+import sys
+sys.path.insert(0, {support!r})
+from support.workers import TogetherScheduling
+
+def pytest_xdist_make_scheduler(config, log):
+    return TogetherScheduling(config, log) if {together} else None
+"""
+SCRATCH_TEST = """
+import os
+from pathlib import Path
+
+def test_where():
+    Path({record!r}).write_text(os.environ["PYTEST_XDIST_WORKER"])
+"""
+
+
+def workers_of_files(tmp_path: Path, together: bool) -> dict[str, str]:
+    """Run a scratch project of RUN_TOGETHER's files (first) and four
+    others on two real pytest-xdist workers: the worker each file ran on."""
+    project = tmp_path / f"together-{together}"
+    files = [*RUN_TOGETHER, *(f"tests/test_other_{i}.py" for i in range(4))]
+    for path in files:
+        record = project / "ran-on" / path.replace("/", "-")
+        (project / path).parent.mkdir(parents=True, exist_ok=True)
+        (project / path).write_text(SCRATCH_TEST.format(record=str(record)))
+    (project / "ran-on").mkdir()
+    (project / "pytest.ini").write_text("[pytest]\n")
+    (project / "conftest.py").write_text(
+        SCRATCH_CONFTEST.format(support=str(REPO / "tests"), together=together)
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+         "--dist", "loadfile", "--no-loadscope-reorder", *files],
+        cwd=project, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    return {
+        path: (project / "ran-on" / path.replace("/", "-")).read_text()
+        for path in files
+    }
+
+
+def test_the_files_that_share_the_pushed_image_run_on_one_worker(tmp_path):
+    for path in RUN_TOGETHER:  # the files exist and do use the image
+        assert "pushed_image" in (REPO / path).read_text(), path
+    assert len({scope_of(f"{path}::test") for path in RUN_TOGETHER}) == 1
+    ran_on = workers_of_files(tmp_path, together=True)
+    assert len({ran_on[path] for path in RUN_TOGETHER}) == 1, ran_on
+    # Plain loadfile hands the first two files to different workers: one
+    # worker for both is the scheduler's doing, not the order's.
+    ran_on = workers_of_files(tmp_path, together=False)
+    assert len({ran_on[path] for path in RUN_TOGETHER}) == 2, ran_on

@@ -1,6 +1,7 @@
 """What the test workers (./scripts/test runs two, pytest-xdist, --dist
-loadfile) need to share a machine: the order the files start in, a lock
-per thing both may make, and ports of each worker's own."""
+loadfile) need to share a machine: the order the files start in, the files
+one worker runs together, a lock per thing both may make, and ports of
+each worker's own."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from xdist.scheduler import LoadFileScheduling
 
 LOCKS = Path(__file__).resolve().parents[2] / ".cache" / "locks"
 _held: dict[str, tuple[IO[str], int]] = {}
@@ -44,6 +47,29 @@ def start_order(items) -> dict:
             kind = 1
         kinds[item.path] = min(kind, kinds.get(item.path, 3))
     return {item: (kinds[item.path], index) for index, item in enumerate(items)}
+
+
+# Files whose costly session fixture is made once if one worker runs them
+# all: the image scripts/build-image --push builds and pushes to the
+# worker's own registry (about 2.5 minutes a worker).
+RUN_TOGETHER = {
+    "tests/deploy/test_compose_live.py": "the pushed image",
+    "tests/supply_chain/test_registry_docker.py": "the pushed image",
+}
+
+
+def scope_of(nodeid: str) -> str:
+    """The unit a worker is given a test in: its file, or the files it is
+    run together with."""
+    path = nodeid.split("::", 1)[0]
+    return RUN_TOGETHER.get(path, path)
+
+
+class TogetherScheduling(LoadFileScheduling):
+    """--dist loadfile, with the files of RUN_TOGETHER on one worker."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return scope_of(nodeid)
 
 
 @contextlib.contextmanager
