@@ -85,9 +85,9 @@ def project(request, image, standin, model, tmp_path_factory):
     itself stays under the session's tag: the other test worker may be
     running containers of it, so the pull fetches the manifest and finds
     each layer local (test_registry_docker.py proves the registry holds
-    them). Another release line's
-    image runs by its local tag: the pull by digest is Docker's, the same
-    for every line (and a minute of push and pull)."""
+    them). Another release line's image runs by its local tag: the pull by
+    digest is Docker's, the same for every line (and a minute of push and
+    pull)."""
     tmp = tmp_path_factory.mktemp("compose")
     if ON_DEFAULT_LINE:
         pushed = request.getfixturevalue("pushed_image")

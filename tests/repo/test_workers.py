@@ -17,8 +17,8 @@ from support.vllm_trees import REPO
 from support.workers import (
     RUN_TOGETHER,
     free_port,
-    scope_of,
     start_order,
+    together,
     worker_lock,
     worker_ports,
 )
@@ -105,7 +105,7 @@ sys.path.insert(0, {support!r})
 from support.workers import TogetherScheduling
 
 def pytest_xdist_make_scheduler(config, log):
-    return TogetherScheduling(config, log) if {together} else None
+    return TogetherScheduling(config, log) if {grouped} else None
 """
 SCRATCH_TEST = """
 import os
@@ -116,10 +116,10 @@ def test_where():
 """
 
 
-def workers_of_files(tmp_path: Path, together: bool) -> dict[str, str]:
+def workers_of_files(tmp_path: Path, grouped: bool) -> dict[str, str]:
     """Run a scratch project of RUN_TOGETHER's files (first) and four
     others on two real pytest-xdist workers: the worker each file ran on."""
-    project = tmp_path / f"together-{together}"
+    project = tmp_path / f"grouped-{grouped}"
     files = [*RUN_TOGETHER, *(f"tests/test_other_{i}.py" for i in range(4))]
     for path in files:
         record = project / "ran-on" / path.replace("/", "-")
@@ -128,7 +128,7 @@ def workers_of_files(tmp_path: Path, together: bool) -> dict[str, str]:
     (project / "ran-on").mkdir()
     (project / "pytest.ini").write_text("[pytest]\n")
     (project / "conftest.py").write_text(
-        SCRATCH_CONFTEST.format(support=str(REPO / "tests"), together=together)
+        SCRATCH_CONFTEST.format(support=str(REPO / "tests"), grouped=grouped)
     )
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
@@ -145,10 +145,10 @@ def workers_of_files(tmp_path: Path, together: bool) -> dict[str, str]:
 def test_the_files_that_share_the_pushed_image_run_on_one_worker(tmp_path):
     for path in RUN_TOGETHER:  # the files exist and do use the image
         assert "pushed_image" in (REPO / path).read_text(), path
-    assert len({scope_of(f"{path}::test") for path in RUN_TOGETHER}) == 1
-    ran_on = workers_of_files(tmp_path, together=True)
+    assert len({together(path) for path in RUN_TOGETHER}) == 1
+    ran_on = workers_of_files(tmp_path, grouped=True)
     assert len({ran_on[path] for path in RUN_TOGETHER}) == 1, ran_on
     # Plain loadfile hands the first two files to different workers: one
     # worker for both is the scheduler's doing, not the order's.
-    ran_on = workers_of_files(tmp_path, together=False)
+    ran_on = workers_of_files(tmp_path, grouped=False)
     assert len({ran_on[path] for path in RUN_TOGETHER}) == 2, ran_on

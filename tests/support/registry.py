@@ -58,39 +58,40 @@ def running_registry(directory: Path) -> Iterator[str]:
             shutil.rmtree(directory / "data", ignore_errors=True)
 
 
+def _registry_api(address: str, name: str, kind: str, reference: str,
+                  method: str = "GET") -> urllib.request.Request:  # fmt: skip
+    """A request to the registry's API for one of name's manifests or blobs
+    (kind), manifests asked for in the type Docker pushes."""
+    headers = {"Accept": MANIFEST_V2} if kind == "manifests" else {}
+    return urllib.request.Request(
+        f"http://{address}/v2/{name}/{kind}/{reference}", method=method, headers=headers
+    )
+
+
 def registry_manifest(address: str, name: str, reference: str) -> dict:
     """The manifest the registry serves for name:reference (a tag or digest)."""
-    request = urllib.request.Request(
-        f"http://{address}/v2/{name}/manifests/{reference}",
-        headers={"Accept": MANIFEST_V2},
-    )
+    request = _registry_api(address, name, "manifests", reference)
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
 
 
 def registry_blob(address: str, name: str, digest: str) -> bytes:
     """A blob the registry holds."""
-    url = f"http://{address}/v2/{name}/blobs/{digest}"
-    with urllib.request.urlopen(url, timeout=60) as response:
+    request = _registry_api(address, name, "blobs", digest)
+    with urllib.request.urlopen(request, timeout=60) as response:
         return response.read()
 
 
 def registry_blob_size(address: str, name: str, digest: str) -> int:
     """The size the registry serves a blob at, without fetching it."""
-    request = urllib.request.Request(
-        f"http://{address}/v2/{name}/blobs/{digest}", method="HEAD"
-    )
+    request = _registry_api(address, name, "blobs", digest, method="HEAD")
     with urllib.request.urlopen(request, timeout=10) as response:
         return int(response.headers["Content-Length"])
 
 
 def registry_digest(address: str, name: str, tag: str) -> str | None:
     """The registry's own digest of name:tag (its manifest API), or None."""
-    request = urllib.request.Request(
-        f"http://{address}/v2/{name}/manifests/{tag}",
-        method="HEAD",
-        headers={"Accept": MANIFEST_V2},
-    )
+    request = _registry_api(address, name, "manifests", tag, method="HEAD")
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.headers["Docker-Content-Digest"]

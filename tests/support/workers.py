@@ -58,18 +58,17 @@ RUN_TOGETHER = {
 }
 
 
-def scope_of(nodeid: str) -> str:
-    """The unit a worker is given a test in: its file, or the files it is
-    run together with."""
-    path = nodeid.split("::", 1)[0]
-    return RUN_TOGETHER.get(path, path)
+def together(scope: str) -> str:
+    """The unit a worker is given a file in (loadfile's scope, the file's
+    path): the file, or the label of the files it runs together with."""
+    return RUN_TOGETHER.get(scope, scope)
 
 
 class TogetherScheduling(LoadFileScheduling):
     """--dist loadfile, with the files of RUN_TOGETHER on one worker."""
 
     def _split_scope(self, nodeid: str) -> str:
-        return scope_of(nodeid)
+        return together(super()._split_scope(nodeid))
 
 
 @contextlib.contextmanager
