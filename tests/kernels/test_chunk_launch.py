@@ -15,6 +15,7 @@ import vllm.models.kimi_k3.amd.ops.third_party.kda.chunk as chunk
 import vllm.models.kimi_k3.amd.ops.third_party.kda.kda_chunk_launch as launch
 from support.kda_interpreter import fresh, interpretable, poisoned
 from triton._C.libtriton import native_specialize_impl
+from triton.backends.amd.compiler import HIPBackend
 from triton.backends.compiler import BaseBackend
 from vllm.models.kimi_k3.amd.ops.third_party.kda import (
     kda_chunk_forward,
@@ -461,6 +462,17 @@ def _moved(tensor: torch.Tensor, elements: int = 1) -> torch.Tensor:
     return moved
 
 
+def over_2gib(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor of ``tensor``'s shape, strides and dtype in a storage past
+    2 GiB (reserved by the allocator, never touched: only sizes matter):
+    AMD's Triton compiles its pointer apart (test_kda_launch_pointer_range)."""
+    storage = torch.empty(
+        2**31 // tensor.element_size() + tensor.numel(), dtype=tensor.dtype
+    )
+    view = storage[: tensor.numel()].view(tensor.shape)
+    return view.as_strided(tensor.shape, tensor.stride())
+
+
 def _with(call: list, index: int, *values) -> list:
     return call[:index] + list(values) + call[index + len(values) :]
 
@@ -493,6 +505,7 @@ def _variants():
         yield f"{name} in float16", _with(base, 2 + i, value.to(torch.float16))
         yield f"{name} misaligned", _with(base, 2 + i, _moved(value))
         yield f"{name} moved by 16 bytes", _with(base, 2 + i, _moved(value, 4))
+        yield f"{name} past 2 GiB", _with(base, 2 + i, over_2gib(value))
     wide_q = torch.zeros(1, 8, HEADS, 2 * HEAD_DIM)[..., :HEAD_DIM]
     yield "q rows wider", _with(base, Q, wide_q)
     qkv = torch.zeros(1, 8, 3, HEADS, HEAD_DIM)
@@ -506,11 +519,26 @@ def _variants():
     )
 
 
-def test_one_signature_is_one_decision_of_the_full_check():
+def _amd_classes(call) -> tuple:
+    """What AMD's Triton specializes the kernel's tensor arguments on (16-byte
+    alignment, storage within 2 GiB) for ``call``'s decodes."""
+    arguments = kda_recurrent_plans._recurrent_arguments(
+        *kda_recurrent_plans._decode_rows(*call)
+    )
+    return tuple(
+        HIPBackend.get_tensor_specialization(a, align=True)
+        for a in arguments
+        if torch.is_tensor(a)
+    )
+
+
+def test_one_signature_is_one_decision_of_the_full_check(amd_buffer_ops):
     """The launch's cheap lookup is sound: two calls of one signature (with
     the rows the decodes need) are covered or refused alike, and are of one
-    kind; the variants are met in pairs of every kind of difference."""
+    kind, whose calls AMD's Triton compiles alike; the variants are met in
+    pairs of every kind of difference."""
     seen: dict[tuple, tuple] = {}
+    amd: dict[tuple, tuple] = {}
     decisions = set()
     for name, call in _variants():
         enough = kda_recurrent_plans._rows(
@@ -521,6 +549,9 @@ def test_one_signature_is_one_decision_of_the_full_check():
             continue
         decision = _decision(call)
         decisions.add(decision)
+        if decision[0]:
+            classes = amd.setdefault(decision, (name, _amd_classes(call)))
+            assert classes[1] == _amd_classes(call), (name, classes[0])
         signature = _signature(call)
         if signature in seen:
             assert seen[signature][1] == decision, (name, seen[signature][0])

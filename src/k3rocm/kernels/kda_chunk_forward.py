@@ -99,16 +99,23 @@ def _platform_constants() -> dict[str, object]:
 _PIECE_BYTES = 256
 
 
+def _starts(pieces) -> tuple[list[int], int]:
+    """(each piece's first byte, the allocation's size) for ``(shape,
+    dtype)`` pieces laid out one after another."""
+    starts, end = [], 0
+    for shape, dtype in pieces:
+        starts.append(end)
+        end += -(-math.prod(shape) * dtype.itemsize // _PIECE_BYTES) * _PIECE_BYTES
+    return starts, end
+
+
 def _carve(device: torch.device, pieces, pointers: bool) -> tuple[torch.Tensor, list]:
     """(one allocation, room in it for uninitialized contiguous tensors of
     the given ``(shape, dtype)``): one call into the caching allocator where
     the vendored path makes eleven or thirteen. With ``pointers`` each
     piece is its device address (an int, which Triton's launchers take as a
     pointer as it is); else a tensor with the strides torch.empty gives."""
-    starts, end = [], 0
-    for shape, dtype in pieces:
-        starts.append(end)
-        end += -(-math.prod(shape) * dtype.itemsize // _PIECE_BYTES) * _PIECE_BYTES
+    starts, end = _starts(pieces)
     memory = torch.empty(end, dtype=torch.uint8, device=device)
     if pointers:
         base = memory.data_ptr()
@@ -117,6 +124,39 @@ def _carve(device: torch.device, pieces, pointers: bool) -> tuple[torch.Tensor, 
         memory[start:].view(dtype)[: math.prod(shape)].view(shape)
         for (shape, dtype), start in zip(pieces, starts, strict=True)
     ]
+
+
+def intermediates(q, k, v, raw_g, raw_beta, use_l2norm, num_chunks) -> tuple:
+    """The ``(shape, dtype)`` of every intermediate of a call, in the order
+    the vendored path allocates them (``_carve`` cuts them from one
+    allocation)."""
+    B, T, _, K = k.shape
+    HV, HU, V = raw_g.shape[2], v.shape[2], v.shape[3]
+    f32 = torch.float32
+    return (
+        *(((q.shape, q.dtype), (k.shape, k.dtype)) if use_l2norm else ()),
+        (raw_g.shape, f32),  # g
+        (raw_beta.shape, f32),  # beta
+        ((B, T, HV, FLA_CHUNK_SIZE), k.dtype),  # Aqk
+        ((B, T, HV, FLA_CHUNK_SIZE), k.dtype),  # Akk (torch.zeros there)
+        ((B, T, HV, _BC), f32),  # Akkd
+        (k.shape, k.dtype),  # w
+        (v.shape, v.dtype),  # u
+        (k.shape, k.dtype),  # kg
+        ((B, num_chunks, HU, V, K), k.dtype),  # h (kg's dtype)
+        (v.shape, v.dtype),  # v_new
+    )  # fmt: skip
+
+
+def carved_bytes(q, k, v, raw_g, raw_beta, use_l2norm, num_chunks) -> int:
+    """The size of a call's one allocation of intermediates: what AMD's
+    Triton sees as every intermediate's storage."""
+    return _starts(intermediates(q, k, v, raw_g, raw_beta, use_l2norm, num_chunks))[1]
+
+
+def final_state_shape(num_seqs: int, k, v) -> tuple[int, int, int, int]:
+    """The final states' shape (float32, a tensor of its own)."""
+    return num_seqs, v.shape[2], v.shape[3], k.shape[3]
 
 
 def _forward(launch, consts, pointers, q, k, v, raw_g, raw_beta, A_log, g_bias,
@@ -144,24 +184,15 @@ def _forward(launch, consts, pointers, q, k, v, raw_g, raw_beta, A_log, g_bias,
     HU, V = v.shape[2], v.shape[3]  # u and v_new have v's
     beta_strides = raw_beta.stride()
     f32 = torch.float32
-    # In the order the vendored path allocates them.
-    memory, carved = _carve(q.device, (
-        *(((q.shape, q.dtype), (k.shape, k.dtype)) if use_l2norm else ()),
-        (raw_g.shape, f32),  # g
-        (raw_beta.shape, f32),  # beta
-        ((B, T, HV, BT), k.dtype),  # Aqk
-        ((B, T, HV, BT), k.dtype),  # Akk (torch.zeros there; see below)
-        ((B, T, HV, _BC), f32),  # Akkd
-        (k.shape, k.dtype),  # w
-        (v.shape, v.dtype),  # u
-        (k.shape, k.dtype),  # kg
-        ((B, num_chunks, HU, V, K), k.dtype),  # h (kg's dtype)
-        (v.shape, v.dtype),  # v_new
-    ), pointers)  # fmt: skip
+    memory, carved = _carve(
+        q.device,
+        intermediates(q, k, v, raw_g, raw_beta, use_l2norm, num_chunks),
+        pointers,
+    )
     normed = carved[:2] if use_l2norm else ()
     g, beta, Aqk, Akk, Akkd, w, u, kg, h, v_new = carved[len(normed) :]
     final_state = (
-        torch.empty((num_seqs, HU, V, K), dtype=f32, device=q.device)
+        torch.empty(final_state_shape(num_seqs, k, v), dtype=f32, device=q.device)
         if output_final_state
         else None
     )

@@ -20,6 +20,7 @@ not on its kernel's autotune list (patch 0008).
 Nothing here keeps plans or launches them: kda_launch_entry.py does both.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -31,10 +32,19 @@ from .kda_chunk_forward import (
     SITES,
     _forward,
     _platform_constants,
+    carved_bytes,
+    final_state_shape,
     prepare,
     site_kernel,
 )
-from .kda_direct_launch import _direct, _misaligned, int_class, unwrap
+from .kda_direct_launch import (
+    POINTER_RANGE,
+    _direct,
+    _far,
+    _misaligned,
+    int_class,
+    unwrap,
+)
 
 logger = init_logger(__name__)
 
@@ -179,11 +189,16 @@ def _call_key(q, k, v, raw_g, raw_beta, A_log, g_bias, scale, initial_state,
               chunk_indices, chunk_offsets) -> tuple:  # fmt: skip
     """Everything Triton's choice of binary and configuration depends on, for
     prepared arguments: the device, dtypes, fixed dimensions, which optional
-    inputs are given, every input pointer's 16-byte alignment, and the
-    specialization class of every integer argument (the token count only
-    through these classes: T is never specialized itself)."""
+    inputs are given, every input pointer's 16-byte alignment, which
+    storages pass 2 GiB (the inputs', the intermediates' one allocation,
+    the final states': AMD's pointer class), and the specialization class
+    of every integer argument (the token count only through these classes:
+    T is never specialized itself)."""
     T = q.shape[1]
     beta_strides = raw_beta.stride()
+    num_seqs = cu_seqlens.shape[0] - 1
+    carved = carved_bytes(q, k, v, raw_g, raw_beta, use_l2norm, chunk_indices.shape[0])
+    final_state = math.prod(final_state_shape(num_seqs, k, v)) * 4  # float32
     return (
         q.get_device(),
         q.dtype, k.dtype, v.dtype, raw_g.dtype, raw_beta.dtype, A_log.dtype,
@@ -199,7 +214,11 @@ def _call_key(q, k, v, raw_g, raw_beta, A_log, g_bias, scale, initial_state,
         int_class(q.numel() // q.shape[-1]), int_class(k.numel() // k.shape[-1]),
         int_class(beta_strides[0]), int_class(beta_strides[1]),
         int_class(beta_strides[2]), int_class(T, specialized=False),
-        int_class(cu_seqlens.shape[0] - 1, specialized=False),
+        int_class(num_seqs, specialized=False),
+        _far(q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, cu_seqlens,
+             chunk_indices, chunk_offsets),
+        carved > POINTER_RANGE,
+        bool(output_final_state) and final_state > POINTER_RANGE,
     )  # fmt: skip
 
 

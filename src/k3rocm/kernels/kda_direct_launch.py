@@ -19,6 +19,9 @@ from vllm.third_party.flash_linear_attention.ops import l2norm as _l2norm_module
 from vllm.triton_utils import triton
 
 _I32 = 1 << 31
+# AMD's Triton (buffer ops, on by default in 3.7.1) compiles a pointer apart
+# when its tensor's storage passes this many bytes (HIPBackend.is_within_2gb).
+POINTER_RANGE = 2**31 - 1
 
 
 def unwrap(kernel) -> tuple[object, object | None]:
@@ -52,6 +55,18 @@ def _misaligned(*tensors: torch.Tensor | None) -> int:
     bits = 0
     for i, tensor in enumerate(tensors):
         if tensor is not None and tensor.data_ptr() & 15:
+            bits |= 1 << i
+    return bits
+
+
+def _far(*tensors: torch.Tensor | None) -> int:
+    """Bit i set when tensor i's storage passes 2 GiB. AMD's Triton compiles
+    such a pointer apart (no 32-bit buffer offsets), so a binary compiled
+    for a storage within 2 GiB must not be launched on one past it; other
+    backends do not tell them apart, and there it only splits kinds."""
+    bits = 0
+    for i, tensor in enumerate(tensors):
+        if tensor is not None and tensor.untyped_storage().nbytes() > POINTER_RANGE:
             bits |= 1 << i
     return bits
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from vllm.triton_utils import triton
 
-from .kda_direct_launch import _direct, _misaligned, unwrap
+from .kda_direct_launch import _direct, _far, _misaligned, unwrap
 
 _RECURRENT_BV = 32  # the wrapper's block with the gate in the kernel
 _RECURRENT_WARPS = 4
@@ -84,14 +84,16 @@ def _recurrent_layout(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
 
 def _recurrent_key(args: tuple) -> tuple:
     """Everything the kernel's binary depends on: the device, every
-    tensor's dtype and 16-byte alignment, the constexprs (the dimensions,
-    strides and flags), which optional inputs are given."""
+    tensor's dtype, 16-byte alignment and storage past 2 GiB or not (AMD's
+    pointer class), the constexprs (the dimensions, strides and flags),
+    which optional inputs are given."""
     tensors = [a for a in args if torch.is_tensor(a)]
     constexprs = args[13:14] + args[16:]  # scale; H, K, V, blocks, strides, flags
     return (
         tensors[0].get_device(),
         tuple(t.dtype for t in tensors),
         _misaligned(*tensors),
+        _far(*tensors),
         tuple(a is None for a in args[:13]),
         constexprs,
     )
@@ -105,14 +107,17 @@ def _recurrent_signature(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
     its shape but those that follow the token count (the batch's and the
     padded forward's: the token dimension, and the stride of the batch
     dimension of size 1, which nothing reads), the device, the pointers'
-    alignment, which optional inputs are given. Two calls of one signature
-    (and enough rows) pass or fail ``_recurrent_layout`` alike and have one
-    ``_recurrent_key``: all either depends on is in it (tested)."""
+    alignment, which storages pass 2 GiB, which optional inputs are given.
+    Two calls of one signature (and enough rows) pass or fail
+    ``_recurrent_layout`` alike and have one ``_recurrent_key``: all either
+    depends on is in it (tested)."""
     qs, ks, vs, gs, bs, os_ = (
         q.shape, k.shape, v.shape, raw_g.shape, raw_beta.shape, out.shape
     )  # fmt: skip
+    far = _far(q, k, v, raw_g, raw_beta, A_log, dt_bias, out, state, cu_seqlens,
+               state_indices)  # fmt: skip
     return (
-        q.get_device(), misaligned, type(lower_bound),
+        q.get_device(), misaligned, far, type(lower_bound),
         q.dtype, qs[0], qs[2:], q.stride()[1:],
         k.dtype, ks[0], ks[2:], k.stride()[1:],
         v.dtype, vs[0], vs[2:], v.stride()[1:],
