@@ -74,8 +74,12 @@ SERIES_MODULES = [
     "vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py",
 ]
 # Modules only another line's series adds: the 0.32.0 line's recurrent
-# warm-up (gpu_recurrent_warm_up.py runs it).
-LINE_MODULES = ["vllm/models/kimi_k3/amd/kda_recurrent_warm_up.py"]
+# warm-up (gpu_recurrent_warm_up.py runs it) and direct recurrent launch
+# (its patched fused_recurrent.py imports it; gpu_recurrent_launch.py).
+LINE_MODULES = [
+    f"vllm/models/kimi_k3/amd/{name}.py"
+    for name in ("kda_recurrent_warm_up", "kda_direct_launch", "kda_recurrent_launch")
+]
 # The last commit before the kernel became a source file (gpu_ablation.py
 # times its kernel as "previous").
 PREVIOUS = "35938ce"

@@ -27,6 +27,10 @@
 #                                          # 0.32.0 line: recurrent binaries
 #                                          # compiled while serving after its
 #                                          # series' warm-up and after 50 calls
+#     bash benchmarks/gpu_run.sh recurrent-launch  # gpu_recurrent_launch.py
+#                                          # on the 0.32.0 line at 12, 6 and
+#                                          # 96 heads: series k4.2's direct
+#                                          # launch against 0.32.0's wrapper
 #     bash benchmarks/gpu_run.sh spec-lines  # gpu_spec.py on the 0.32.0
 #                                          # line at 12, 6 and 96 heads, then
 #                                          # on the default line at 12 heads
@@ -125,6 +129,17 @@ scenario_warm_up() {
     run "recurrent warm-up" env K3_LINE=0.32.0 python3 gpu_recurrent_warm_up.py
 }
 
+scenario_recurrent_launch() {
+    local heads
+    need_line_bundle recurrent-launch
+    for heads in 12 6 96; do
+        mkdir -p "$OUT/launch-$heads"
+        run "recurrent launch $heads heads" env K3_LINE=0.32.0 K3_HEADS=$heads \
+            OUT="$OUT/launch-$heads" timeout "${K3_LAUNCH_LIMIT:-150}" \
+            python3 gpu_recurrent_launch.py
+    done
+}
+
 scenario_spec_lines() {
     local heads
     need_line_bundle spec-lines
@@ -154,9 +169,10 @@ reference) scenario_reference ;;
 heads) scenario_heads ;;
 line) scenario_line ;;
 spec-lines) scenario_spec_lines ;;
+recurrent-launch) scenario_recurrent_launch ;;
 warm-up) scenario_warm_up ;;
 *)
-    echo "usage: gpu_run.sh [all|reference-peel|peel|reference|heads|line|spec-lines|warm-up]" >&2
+    echo "usage: gpu_run.sh [all|reference-peel|peel|reference|heads|line|spec-lines|warm-up|recurrent-launch]" >&2
     exit 2
     ;;
 esac

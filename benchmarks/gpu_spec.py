@@ -581,17 +581,27 @@ def host_part(calls: int) -> dict:
 def launch_part(calls: int) -> dict:
     """Per call: the wrapper against Triton's dispatcher and a direct
     launch of the same binary (what a precompiled launch would save),
-    GPU time beside (launch_costs)."""
+    GPU time beside (launch_costs). The vLLM wrapper's own: a series'
+    direct recurrent launch (the 0.32.0 line's k4.2) is switched off
+    here; gpu_recurrent_launch.py times it."""
     import launch_costs
 
+    series = sys.modules.get("vllm.models.kimi_k3.amd.kda_recurrent_launch")
     rng = random.Random(3)
-    return {
-        f"{n} requests: {name}": launch_costs.compare(
-            fused_recurrent, kernel, fn, outputs, reps=calls
-        )
-        for n in (8, 32)
-        for name, (fn, kernel, outputs) in recurrent_calls(n, rng).items()
-    }
+    switched = series is not None and series.DIRECT
+    if switched:
+        series.DIRECT = False
+    try:
+        return {
+            f"{n} requests: {name}": launch_costs.compare(
+                fused_recurrent, kernel, fn, outputs, reps=calls
+            )
+            for n in (8, 32)
+            for name, (fn, kernel, outputs) in recurrent_calls(n, rng).items()
+        }
+    finally:
+        if switched:
+            series.DIRECT = True
 
 
 def uniform(spec: list[int]) -> dict:

@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-# Added by the kimi-k3-rocm patch series (not part of upstream vLLM 0.27.1).
+# Added by the kimi-k3-rocm patch series (not part of upstream vLLM).
 # Generated from kimi-k3-rocm's src/k3rocm/kernels/kda_direct_launch.py by
 # `k3rocm patchgen`: edit that file, not this one.
 """Launching a compiled Triton binary without Triton's dispatcher, and what
 Triton specializes a launch's arguments on.
 
-The chunk and the recurrent KDA launches of the series (kda_chunk_launch.py)
-both call compiled binaries directly. Everything they take from Triton's
+The series' precompiled KDA launches call compiled binaries directly (on
+the 0.27.1 line the chunk and the recurrent ones, kda_chunk_launch.py; on
+the 0.32.0 line the recurrent one, kda_recurrent_launch.py), so both lines'
+trees carry this module. Everything they take from Triton's
 internals is here, so another Triton has one module to check: the JIT
 function under the decorators, a binary's launcher, the current stream, and
 the integer and pointer classes that pick a binary. Without those internals

@@ -7,7 +7,9 @@ call a step makes) and the builder and backend (``kda_metadata.py``); the
 0.32.0 line's patch 0001 adds the first two (0.32.0 has its own builder);
 patch 0005 of 0.27.1 adds the precompiled KDA launches
 (``kda_chunk_launch.py``, which the other patches import, and the modules
-it re-exports from, one job each). Their code lives in this repository as
+it re-exports from, one job each); the 0.32.0 line's 0006 its recurrent
+warm-up and 0008 its direct recurrent launch, with 0.27.1's
+``kda_direct_launch.py`` (one source, two lines' trees). Their code lives in this repository as
 real, linted source files under ``src/k3rocm/kernels/``, and the patch is
 written from them, so the two cannot drift apart unnoticed (``--check``; a
 test runs it)::
@@ -104,6 +106,11 @@ GENERATED = (
         line="0.32.0",
         patch="0006-kimi-k3-rocm-kda-recurrent-warm-up.patch",
         files=_metadata_modules("kda_recurrent_warm_up.py"),
+    ),
+    GeneratedPatch(
+        line="0.32.0",
+        patch="0008-kimi-k3-rocm-kda-recurrent-direct-launch-module.patch",
+        files=_metadata_modules("kda_direct_launch.py", "kda_recurrent_launch.py"),
     ),
     GeneratedPatch(
         line="0.27.1",
