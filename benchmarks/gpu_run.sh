@@ -129,27 +129,29 @@ scenario_warm_up() {
     run "recurrent warm-up" env K3_LINE=0.32.0 python3 gpu_recurrent_warm_up.py
 }
 
-scenario_recurrent_launch() {
-    local heads
-    need_line_bundle recurrent-launch
+on_line_heads() {
+    # on_line_heads LABEL DIR LIMIT SCRIPT [VAR=VALUE...]: SCRIPT on the
+    # 0.32.0 line at 12, 6 and 96 heads, one process each, its JSON in
+    # $OUT/DIR-<heads>, each under LIMIT seconds.
+    local label=$1 dir=$2 limit=$3 script=$4 heads
+    shift 4
     for heads in 12 6 96; do
-        mkdir -p "$OUT/launch-$heads"
-        run "recurrent launch $heads heads" env K3_LINE=0.32.0 K3_HEADS=$heads \
-            OUT="$OUT/launch-$heads" timeout "${K3_LAUNCH_LIMIT:-150}" \
-            python3 gpu_recurrent_launch.py
+        mkdir -p "$OUT/$dir-$heads"
+        run "$label $heads heads" env K3_LINE=0.32.0 K3_HEADS="$heads" "$@" \
+            OUT="$OUT/$dir-$heads" timeout "$limit" python3 "$script"
     done
 }
 
+scenario_recurrent_launch() {
+    need_line_bundle recurrent-launch
+    on_line_heads "recurrent launch" launch "${K3_LAUNCH_LIMIT:-150}" \
+        gpu_recurrent_launch.py
+}
+
 scenario_spec_lines() {
-    local heads
     need_line_bundle spec-lines
-    for heads in 12 6 96; do
-        mkdir -p "$OUT/line-$heads"
-        run "spec 0.32.0 $heads heads" env K3_LINE=0.32.0 K3_HEADS=$heads \
-            K3_SPEC_SECONDS="${K3_SPEC_SECONDS:-30}" OUT="$OUT/line-$heads" \
-            timeout "${K3_SPEC_LIMIT:-150}" python3 gpu_spec.py >"/tmp/spec-line-$heads.log"
-        tail -n 5 "/tmp/spec-line-$heads.log"
-    done
+    on_line_heads "spec 0.32.0" line "${K3_SPEC_LIMIT:-150}" gpu_spec.py \
+        K3_SPEC_SECONDS="${K3_SPEC_SECONDS:-30}"
     mkdir -p "$OUT/default-12"
     run "spec 0.27.1 12 heads" env K3_HEADS=12 K3_SPEC_SECONDS=10 \
         K3_SPEC_COMPILE_SECONDS=5 OUT="$OUT/default-12" \
