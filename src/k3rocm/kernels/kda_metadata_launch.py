@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-# Added by the kimi-k3-rocm patch series (not part of upstream vLLM 0.27.1).
+# Added by the kimi-k3-rocm patch series (not part of upstream vLLM).
 # Generated from kimi-k3-rocm's src/k3rocm/kernels/kda_metadata_launch.py by
 # `k3rocm patchgen`: edit that file, not this one.
 """Stall-free FLA chunk metadata for the ROCm Kimi-K3 KDA layers: the host
