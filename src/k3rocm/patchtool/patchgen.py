@@ -9,10 +9,10 @@ patch 0005 of 0.27.1 adds the precompiled KDA launches
 (``kda_chunk_launch.py``, which the other patches import, and the modules
 it re-exports from, one job each); the 0.32.0 line's 0006 its recurrent
 warm-up and 0008 its direct recurrent launch, with 0.27.1's
-``kda_direct_launch.py`` (one source, two lines' trees). Their code lives in this repository as
-real, linted source files under ``src/k3rocm/kernels/``, and the patch is
-written from them, so the two cannot drift apart unnoticed (``--check``; a
-test runs it)::
+``kda_direct_launch.py`` (one source, two lines' trees). Their code lives
+in this repository as real, linted source files under
+``src/k3rocm/kernels/``, and the patch is written from them, so the two
+cannot drift apart unnoticed (``--check``; a test runs it)::
 
     k3rocm patchgen            # rewrite the generated patches
     k3rocm patchgen --check    # exit 1 if one is out of date
