@@ -10,8 +10,10 @@ through 0.32.0's real wrapper, laid out as the layer lays out each of its
 three (a speculative step alone, on block-table rows; speculative requests
 gathered beside others; plain decodes beside prefills), 1 to 256
 requests, dspark's 7 draft tokens, counting the recurrent kernel's binaries
-new after the warm-up. Both arms in one process per head count, the
-baseline first (its compiles would otherwise be the warm-up's).
+new after the warm-up. Both arms in one process per head count, each
+starting with no binary in the process (``forget_binaries``: until k4.3's
+runs the series' arm ran after the baseline's with its binaries still
+there, so a call the baseline had compiled was no miss of the warm-up's).
 
     K3_LINE=0.32.0 python3 gpu_recurrent_warm_up.py   # needs .gpu/line-0.32.0
     # CPU dry run (2 heads, a few calls, no binaries counted):
@@ -39,6 +41,7 @@ from kda_harness import HEAD_DIM, load_tree  # noqa: E402
 
 load_tree("patched")
 
+from vllm.models.kimi_k3.amd import kda_recurrent_launch as recurrent_launch  # noqa: E402
 from vllm.models.kimi_k3.amd import kda_recurrent_warm_up as warm_up  # noqa: E402
 from vllm.models.kimi_k3.amd.ops.third_party.kda import fused_recurrent  # noqa: E402
 
@@ -53,13 +56,30 @@ LOWER_BOUND = -5.0
 DT = torch.float32 if DRY else torch.bfloat16
 
 
-def binaries() -> int | None:
-    """The recurrent kernel's compiled binaries (None: the interpreter)."""
+def _caches() -> dict | None:
+    """The recurrent kernel's in-process binaries by device (None: the
+    interpreter)."""
     kernel = fused_recurrent.fused_recurrent_kda_fwd_kernel
     while not hasattr(kernel, "device_caches") and hasattr(kernel, "fn"):
         kernel = kernel.fn  # under Triton's heuristics
-    caches = getattr(kernel, "device_caches", None)
+    return getattr(kernel, "device_caches", None)
+
+
+def binaries() -> int | None:
+    """The recurrent kernel's binaries in this process (None: the interpreter)."""
+    caches = _caches()
     return None if caches is None else sum(len(c[0]) for c in caches.values())
+
+
+def forget_binaries() -> None:
+    """Each arm starts with none in the process: it counts what its own
+    warm-up and calls bring in (compiled, or read from Triton's disk cache),
+    never the other arm's; nor direct-launch plans (k4.2's), which hold
+    binaries read back from that cache."""
+    caches = _caches()
+    if caches is not None:
+        caches.clear()
+    recurrent_launch.PLANS.clear()
 
 
 def stand_in_layer(heads: int, slots: int):
@@ -142,6 +162,7 @@ def arm(heads: int, warm: str, calls: int, seed: int) -> dict:
     layer = stand_in_layer(heads, STATE_SLOTS)
     layouts = {x.call: x for x in warm_up.layer_layouts(layer, TABLE_ROW, NUM_SPEC)}
     rng = random.Random(seed)
+    forget_binaries()
     start = time.perf_counter()
     if warm == "series warm-up":
         # The launcher's largest step: on AMD its storages pass 2 GiB.

