@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .kda_direct_launch import POINTER_RANGE
 from .ops.third_party.kda.fused_recurrent import fused_recurrent_kda
 
 # 0.32.0's _get_static_sequence_length and _select_kda_launch_config compare
@@ -44,9 +45,6 @@ from .ops.third_party.kda.fused_recurrent import fused_recurrent_kda
 LAST_GATE = 192
 # Triton compiles a pointer apart when it is 16-byte aligned.
 ALIGNMENT = 16
-# AMD's Triton (buffer ops, on by default) compiles a pointer apart when its
-# tensor's storage passes this many bytes (HIPBackend.is_within_2gb).
-POINTER_RANGE = 2**31 - 1
 
 
 class Over2GiB(torch.Tensor):
