@@ -6,21 +6,24 @@ with that layer's state pool.
 
 test_kda_recurrent_warm_up.py holds the warm-up's cover to calls it lays
 out itself, as it reads amd/kda.py. Here the layer lays them out: its fused
-projection split into views, its convolutions' outputs (vLLM's Triton
-convolutions, interpreted), the speculative rows gathered beside other
-requests, the builder's state indices. Kimi-K3's shapes: head_dim 128,
-12, 6 and 96 heads a rank, bfloat16 projections, dspark's 7 draft tokens.
+projection split into views, its convolutions' outputs (as vLLM's Triton
+convolution wrappers allocate them), the speculative rows gathered beside
+other requests, the builder's state indices. Kimi-K3's shapes: head_dim
+128, 12, 6 and 96 heads a rank, bfloat16 projections, dspark's 7 draft
+tokens.
 
 Stand-ins, for what cannot exist here or what the recurrent calls do not
 read: the recurrent kernel is test_kda_recurrent_warm_up's recorder of
 Triton's compile keys (no GPU here, and the interpreter compiles nothing);
 ROCm's GEMM is torch's linear (support.kimi_layer); the platform is
-declared ROCm for the forward; the chunk prefill returns zeros and the
-packed decode kernel writes nothing (neither hands the recurrent call
-anything: the decodes are peeled off first, and the packed decode is its
-own kernel, not the warm-up's). Steps are short, since their projections
-run here: the storages past 2 GiB of the launcher's largest step are
-test_kda_recurrent_warm_up's.
+declared ROCm, and vLLM's ROCm platform module (which asks the GPU its
+architecture at import) answers gfx950; the convolution kernels write
+nothing (their wrappers, which lay out the outputs, are vLLM's); the chunk
+prefill returns zeros and the packed decode writes nothing (neither hands
+the recurrent call anything: the decodes are peeled off first, and the
+packed decode is its own kernel, not the warm-up's). Steps are short,
+since their projections run here: the storages past 2 GiB of the
+launcher's largest step are test_kda_recurrent_warm_up's.
 """
 
 import dataclasses
