@@ -203,9 +203,12 @@ def missed(heads: int, monkeypatch, steps: int = 150) -> set:
         "speculative step", layouts.get("speculative step, persistent indices")
     )
     rng = random.Random(heads)
-    for _ in range(steps):
+    # First a speculative request of one token alone and beside a decode
+    # (the token stride of a size-1 dimension), then random batches.
+    one_token = [Batch([1], 0, [], 0, [50]), Batch([1], 1, [], 0, [50, 50])]
+    for batch in [*one_token, *(random_batch(rng) for _ in range(steps))]:
         step = rng.choice([0, 0, rng.randint(1, largest), largest])
-        serving_calls(layer, builder, random_batch(rng), layouts, step)
+        serving_calls(layer, builder, batch, layouts, step)
     assert recorder.launched
     return recorder.launched - recorder.compiled
 
