@@ -43,6 +43,7 @@ load_tree("patched")
 
 from vllm.models.kimi_k3.amd import kda_recurrent_launch as recurrent_launch  # noqa: E402
 from vllm.models.kimi_k3.amd import kda_recurrent_warm_up as warm_up  # noqa: E402
+from vllm.models.kimi_k3.amd.kda_direct_launch import unwrap  # noqa: E402
 from vllm.models.kimi_k3.amd.ops.third_party.kda import fused_recurrent  # noqa: E402
 
 from k3rocm.launcher.step_bound import PROVEN_TOKEN_HEADS  # noqa: E402
@@ -59,10 +60,8 @@ DT = torch.float32 if DRY else torch.bfloat16
 def _caches() -> dict | None:
     """The recurrent kernel's in-process binaries by device (None: the
     interpreter)."""
-    kernel = fused_recurrent.fused_recurrent_kda_fwd_kernel
-    while not hasattr(kernel, "device_caches") and hasattr(kernel, "fn"):
-        kernel = kernel.fn  # under Triton's heuristics
-    return getattr(kernel, "device_caches", None)
+    jit, _ = unwrap(fused_recurrent.fused_recurrent_kda_fwd_kernel)
+    return getattr(jit, "device_caches", None)
 
 
 def binaries() -> int | None:
