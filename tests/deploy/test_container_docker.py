@@ -38,13 +38,14 @@ from support.docker_images import (
 from support.vllm_trees import REPO, SERIES
 from support.workers import worker_lock
 
+from k3rocm.common.metric_names import API_IN_FLIGHT
+from k3rocm.common.metrics_text import sample_total
 from k3rocm.supply_chain.image import image_tag
 from k3rocm.tryout.tiny_model import MAX_POSITIONS
 
 pytestmark = pytest.mark.docker
 STREAMS = 16
-# Long enough to be in flight when the stop comes on a fast machine (300 was
-# not: a CI machine finished them first), short enough for a 90 s drain.
+# Streams the drain waits on for a while, short enough for its 90 s.
 STREAM_TOKENS = 1500
 # A build of this file's own, in the repository's wheelhouse as the others.
 one_build_at_a_time = worker_lock(ONE_BUILD_AT_A_TIME)
@@ -166,6 +167,11 @@ def test_a_killed_vllm_is_restarted_and_counted(served):
     assert served.read("/run/k3rocm/vllm-deaths").strip() == "1"
 
 
+def api_requests_in_flight(container: Container) -> float:
+    """The drain middleware's count of accepted requests, from /metrics."""
+    return sample_total(http(f"{container.base_url}/metrics")[1], API_IN_FLIGHT) or 0.0
+
+
 def _health_status(container: Container) -> int | None:
     try:
         return http(f"{container.base_url}/health", timeout=5)[0]
@@ -176,30 +182,35 @@ def _health_status(container: Container) -> int | None:
 @pytest.mark.every_line
 def test_docker_stop_drains_every_accepted_stream(served):
     """Last in this module: it stops the served container."""
-    streams = [
-        Stream(served.base_url, max_tokens=STREAM_TOKENS) for _ in range(STREAMS)
-    ]
-    for stream in streams:
-        stream.start()
-    served.wait_for(
-        "every stream under way", lambda: all(s.events > 0 for s in streams), 120
-    )
-    # 40 clients that sent a POST's headers and never its body: they must
-    # not hold the stop past the streams (issue 31).
-    bodiless = [headers_only(served.port) for _ in range(40)]
-    stop_returned, stop_wall = [], time.time()
-    stopper = threading.Thread(
-        target=lambda: (
-            docker("stop", served.name, timeout=300),
-            stop_returned.append(time.monotonic()),
-        )
-    )
-    # The engine held until the drain has begun: every stream is still in
-    # flight at the drain's first count on any machine (STREAM_TOKENS alone
-    # was luck: 10 of the 16 once ended before a 0.32.0 server's stop).
+    # The engine is held from before the first stream until the drain has
+    # begun, so every stream is accepted and unfinished at the drain's first
+    # count on any machine; each then streams all its tokens during the
+    # drain. (Holding it only once every stream was under way left a race: a
+    # fast CI host finished all 16 streams of 1,500 tokens in the 2-3 s
+    # before the hold, and the drain counted none.)
     engine = vllm_processes(served.name)["VLLM::EngineCor"]
     signal_process(served.name, engine, "STOP")
     try:
+        streams = [
+            Stream(served.base_url, max_tokens=STREAM_TOKENS) for _ in range(STREAMS)
+        ]
+        for stream in streams:
+            stream.start()
+        served.wait_for(
+            "every stream accepted",
+            lambda: api_requests_in_flight(served) >= STREAMS,
+            120,
+        )
+        # 40 clients that sent a POST's headers and never its body: they must
+        # not hold the stop past the streams (issue 31).
+        bodiless = [headers_only(served.port) for _ in range(40)]
+        stop_returned, stop_wall = [], time.time()
+        stopper = threading.Thread(
+            target=lambda: (
+                docker("stop", served.name, timeout=300),
+                stop_returned.append(time.monotonic()),
+            )
+        )
         stopper.start()
         served.wait_for(
             "the drain mark",
@@ -235,8 +246,8 @@ def test_docker_stop_drains_every_accepted_stream(served):
     assert "SIGKILL" not in stop_log, stop_log[-3000:]
     logs = served.logs()
     # The drain's own first count, taken as the stop arrived: every stream was
-    # still running then, so the drain, not luck, delivered them (a health
-    # check in flight may add one).
+    # still unfinished then (the engine held), so the drain, not luck,
+    # delivered them (a health check in flight may add one).
     first_count = re.search(r"drain: (\d+) request\(s\) in flight", logs)
     drain_lines = [line for line in logs.splitlines() if "drain: " in line]
     assert first_count, f"no count in flight at the stop: {drain_lines}"
