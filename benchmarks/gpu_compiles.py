@@ -55,14 +55,10 @@ def serving_mix(steps: int, max_num_seqs: int, max_tokens: int, seed: int = 0):
         )
 
 
-def binaries(kernel) -> int:
-    return sum(len(caches[0]) for caches in kernel.device_caches.values())
-
-
 def side(name: str, limit: str) -> dict:
     """One side in this process (the Triton cache is empty: see main)."""
     import torch
-    from kda_harness import BUNDLE, cu_seqlens, load_tree, pin_to_quiet_cpu
+    from kda_harness import BUNDLE, binaries, cu_seqlens, load_tree, pin_to_quiet_cpu
 
     max_num_seqs, max_tokens = LIMITS[limit]
     load_tree("patched")

@@ -49,6 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import gpu_bench as gb  # noqa: E402  (loads the patched tree)
+import kda_harness  # noqa: E402
 from kda_harness import (  # noqa: E402
     HEAD_DIM,
     HEADS_PER_RANK,
@@ -134,9 +135,7 @@ def jit_kernels() -> list:
 
 
 def binaries() -> int:
-    return sum(
-        len(caches[0]) for jit in jit_kernels() for caches in jit.device_caches.values()
-    )
+    return sum(kda_harness.binaries(jit) for jit in jit_kernels())
 
 
 MAX_TOKENS, MAX_SEQS = 4096, 128  # the recipe's scheduler limits

@@ -57,6 +57,7 @@ sys.path.insert(0, str(HERE))
 
 import gpu_bench as gb  # noqa: E402  (loads the patched tree)
 import gpu_kda_launch as gkl  # noqa: E402
+import kda_harness  # noqa: E402
 from kda_harness import (  # noqa: E402
     REPO,
     RunReport,
@@ -100,7 +101,7 @@ RECURRENT_JIT = kda_chunk_launch.unwrap(fused_recurrent.fused_recurrent_kda_fwd_
 
 
 def recurrent_binaries() -> int:
-    return sum(len(c[0]) for c in RECURRENT_JIT.device_caches.values())
+    return kda_harness.binaries(RECURRENT_JIT)
 
 
 class Batch:

@@ -37,6 +37,7 @@ DEV = os.environ.get("K3_WARM_DEVICE", "cuda")
 DRY = DEV == "cpu"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import kda_harness  # noqa: E402
 from kda_harness import HEAD_DIM, load_tree  # noqa: E402
 
 load_tree("patched")
@@ -57,17 +58,14 @@ LOWER_BOUND = -5.0
 DT = torch.float32 if DRY else torch.bfloat16
 
 
-def _caches() -> dict | None:
-    """The recurrent kernel's in-process binaries by device (None: the
-    interpreter)."""
+def _recurrent_jit():
     jit, _ = unwrap(fused_recurrent.fused_recurrent_kda_fwd_kernel)
-    return getattr(jit, "device_caches", None)
+    return jit
 
 
 def binaries() -> int | None:
     """The recurrent kernel's binaries in this process (None: the interpreter)."""
-    caches = _caches()
-    return None if caches is None else sum(len(c[0]) for c in caches.values())
+    return kda_harness.binaries(_recurrent_jit())
 
 
 def forget_binaries() -> None:
@@ -75,7 +73,7 @@ def forget_binaries() -> None:
     warm-up and calls bring in (compiled, or read from Triton's disk cache),
     never the other arm's; nor direct-launch plans (k4.2's), which hold
     binaries read back from that cache."""
-    caches = _caches()
+    caches = getattr(_recurrent_jit(), "device_caches", None)
     if caches is not None:
         caches.clear()
     recurrent_launch.PLANS.clear()

@@ -64,6 +64,7 @@ if DRY:
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import kda_harness  # noqa: E402
 from kda_harness import HEAD_DIM, HEADS_PER_RANK, RunReport, load_tree  # noqa: E402
 
 kda_ops = load_tree("patched")  # puts src/ (k3rocm) on the path too
@@ -522,12 +523,9 @@ def binaries() -> dict[str, int] | None:
             fn = obj
             while isinstance(fn, Heuristics | Autotuner):
                 fn = fn.fn
-            caches = getattr(fn, "device_caches", None)
-            if caches is None:
-                continue
-            counts[f"{name.rsplit('.', 1)[1]}.{attr}"] = sum(
-                len(c[0]) for c in caches.values()
-            )
+            held = kda_harness.binaries(fn)
+            if held is not None:
+                counts[f"{name.rsplit('.', 1)[1]}.{attr}"] = held
     return counts if counts and not DRY else None
 
 

@@ -44,6 +44,14 @@ def load_tree(tree: str):
     return kda_ops
 
 
+def binaries(jit) -> int | None:
+    """The binaries a Triton JIT function holds in this process, over every
+    device (compiled here or read from Triton's disk cache); None when it
+    holds none to count (the interpreter)."""
+    caches = getattr(jit, "device_caches", None)
+    return None if caches is None else sum(len(c[0]) for c in caches.values())
+
+
 def cu_seqlens(seq_lens, device="cuda") -> tuple[torch.Tensor, torch.Tensor]:
     cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(seq_lens, dtype=torch.int64).cumsum(0)

@@ -4,11 +4,7 @@ recurrent KDA wrapper asks Triton for while serving is one the warm-up
 compiled before serving.
 
 What a call compiles is told apart here as Triton tells it (its JIT cache
-key): the kernel's constexpr arguments (among them the launch configuration
-the wrapper picks), num_warps and num_stages, each tensor's dtype and
-16-byte alignment, which optional arguments are None, and each integer
-argument's class (1, a multiple of 16, other) unless the kernel opts it out
-(``do_not_specialize``: 0.32.0's does for N and T). The wrapper's kernel is
+key, support.recurrent_launch_keys). The wrapper's kernel is
 replaced by a recorder of those keys (no GPU here, and the interpreter
 compiles nothing); the wrapper itself, its checks and its launch
 configuration are 0.32.0's. Serving calls are random batches through the
@@ -19,7 +15,6 @@ weights and a process group).
 """
 
 import ast
-import inspect
 import random
 import types
 from pathlib import Path
@@ -34,7 +29,7 @@ if ON_DEFAULT_LINE:  # the default line's series has no such module to import
 
 import vllm.models.kimi_k3.amd.ops.third_party.kda.fused_recurrent as fused_recurrent  # noqa: E402
 from support.gdn_batches import Batch, build, make_builder  # noqa: E402
-from triton.backends.amd.compiler import HIPBackend  # noqa: E402
+from support.recurrent_launch_keys import OPTED_OUT, Recorder  # noqa: E402
 from vllm.models.kimi_k3.amd import kda_recurrent_warm_up as warm_up  # noqa: E402
 
 from k3rocm.launcher.step_bound import PROVEN_TOKEN_HEADS  # noqa: E402
@@ -42,63 +37,6 @@ from k3rocm.launcher.step_bound import PROVEN_TOKEN_HEADS  # noqa: E402
 HEAD_DIM = 128
 NUM_SPEC = 7  # dspark's draft tokens
 MAX_NUM_SEQS = 256
-
-
-def _layers(kernel):
-    """The kernel, then what it wraps: heuristics, the JIT (or interpreted)
-    function, the Python function."""
-    while kernel is not None:
-        yield kernel
-        kernel = getattr(kernel, "fn", None)
-
-
-def _opted_out(kernel) -> set[str]:
-    """The integer arguments the kernel keeps out of Triton's classes."""
-    for layer in _layers(kernel):
-        names = getattr(layer, "do_not_specialize", None)
-        if names is None and isinstance(getattr(layer, "kwargs", None), dict):
-            names = layer.kwargs.get("do_not_specialize")  # the interpreter's
-        if names is not None:
-            return set(names)
-    return set()
-
-
-_REAL_KERNEL = fused_recurrent.fused_recurrent_kda_fwd_kernel
-KERNEL = inspect.signature([*_layers(_REAL_KERNEL)][-1])
-OPTED_OUT = _opted_out(_REAL_KERNEL)
-
-
-def launch_key(kwargs: dict) -> tuple:
-    """What Triton compiles a launch of the recurrent kernel apart on."""
-    key = []
-    for name, value in sorted(kwargs.items()):
-        param = KERNEL.parameters.get(name)
-        if param is None or "constexpr" in str(param.annotation):
-            key.append((name, value))  # constexprs, num_warps, num_stages
-        elif torch.is_tensor(value):
-            # AMD's backend also asks whether the storage passes 2 GiB.
-            within = HIPBackend.is_within_2gb(value)
-            key.append((name, value.dtype, value.data_ptr() % 16 == 0, within))
-        elif isinstance(value, bool) or value is None or isinstance(value, float):
-            key.append((name, type(value)))
-        elif name in OPTED_OUT:
-            key.append((name, int))
-        else:
-            key.append((name, 1 if value == 1 else value % 16 == 0))
-    return tuple(key)
-
-
-class Recorder:
-    """Stands in for the kernel: records each launch's key, runs nothing."""
-
-    def __init__(self):
-        self.compiled, self.launched = set(), set()
-
-    def warmup(self, grid, **kwargs):
-        self.compiled.add(launch_key(kwargs))
-
-    def __getitem__(self, grid):
-        return lambda **kwargs: self.launched.add(launch_key(kwargs))
 
 
 def stand_in_layer(heads: int) -> types.SimpleNamespace:

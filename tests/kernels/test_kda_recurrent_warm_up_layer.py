@@ -46,7 +46,7 @@ if ON_DEFAULT_LINE:  # the default line's series has no such module to import
 
 import vllm.models.kimi_k3.amd.kda as amd_layer  # noqa: E402
 import vllm.models.kimi_k3.amd.ops.third_party.kda.fused_recurrent as fused_recurrent  # noqa: E402
-from test_kda_recurrent_warm_up import Recorder  # noqa: E402
+from support.recurrent_launch_keys import Recorder  # noqa: E402
 from vllm.models.kimi_k3.amd import kda_recurrent_warm_up as warm_up  # noqa: E402
 from vllm.models.kimi_k3.amd.kda_metadata import KimiK3ROCmKDAMetadataBuilder  # noqa: E402
 from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig  # noqa: E402
