@@ -191,7 +191,10 @@ def test_smoke_passes_then_sigterm_stops_vllm_gracefully(container, tmp_path):
     started = time.monotonic()
     tree.process.send_signal(signal.SIGTERM)
     assert tree.wait_exit(45) == 0
-    assert time.monotonic() - started < 10  # K3_STOP_GRACE_SECONDS is 30
+    # A bodiless client counted in flight would hold the stop to the grace's
+    # end (K3_STOP_GRACE_SECONDS, 30 s); this stop took 10.9 s on a 2-core
+    # machine under added load (2026-12-07), so a bound of 10 had no margin.
+    assert time.monotonic() - started < 20
     # vLLM shut down on its own, not by supervisord's SIGKILL.
     assert "stopped: vllm (exit status 0)" in tree.log
     assert "with SIGKILL" not in tree.log, [
