@@ -344,11 +344,16 @@ def test_a_failed_smoke_test_under_stop_exits_4_and_is_not_loaded_again(image, m
         assert container.health() != "healthy"
         assert "smoke test failed under K3_SMOKE_ON_FAILURE=stop" in container.logs()
         # What Docker's restart policy does: the same container, started again.
-        started = time.monotonic()
+        restart_wall = time.time()
         docker("start", container.name)
         assert container.wait_exit(60) == 4
-        assert time.monotonic() - started < 30
-        assert "not starting again" in container.logs()
+        again = server_logs(container.name, since=restart_wall)
+        assert "not starting again" in again, again[-3000:]
+        # It stopped before anything ran: the smoke test, which gave its
+        # verdict on the first start, did not run again. (A time bound was no
+        # sign: 31 s on a loaded 2-core machine.)
+        ran = "k3rocm.smoke: verdict=fail"
+        assert ran in container.logs() and ran not in again, again[-3000:]
 
 
 def test_a_failed_smoke_test_under_warn_serves_with_verdict_0(image, model):
@@ -465,7 +470,10 @@ def test_an_operator_mistake_ends_at_once_with_2_and_fixing_it_is_enough(
         ) as container:
             started = time.monotonic()
             assert container.wait_exit(60) == 2
-            assert time.monotonic() - started < 30
+            # Refused at once, not after supervisord's retries of vLLM (past
+            # 60 s); the settings check reads vLLM's parser, which took 31 s
+            # on a restart under added load (the smoke-stop test).
+            assert time.monotonic() - started < 45
             refused = [
                 line
                 for line in container.logs().splitlines()
@@ -536,7 +544,7 @@ def test_a_wrong_model_setting_ends_at_once_with_2_and_its_reason(
     ) as container:
         started = time.monotonic()
         assert container.wait_exit(60) == 2
-        assert time.monotonic() - started < 30
+        assert time.monotonic() - started < 45  # as in the operator-mistake test
         logs = container.logs()
         assert any(
             "cannot start: K3_MODEL (--model)" in line and says in line

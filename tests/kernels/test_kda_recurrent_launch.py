@@ -6,7 +6,7 @@ A plan is the binary the wrapper launched for a call, found again by the
 call's signature. Two things make that sound, and each is tested against
 the wrapper itself: every call of one signature is one the wrapper would
 launch with the same binary (Triton's cache key of its launch, as
-test_kda_recurrent_warm_up.launch_key models it, AMD's 2 GiB class
+support.recurrent_launch_keys.launch_key models it, AMD's 2 GiB class
 included) and grid; and the direct launch hands that binary what the
 wrapper would hand Triton for the call (its arguments through the kernel's
 real heuristics, pointers for tensors). The calls are the layer's own:
@@ -29,12 +29,11 @@ if ON_DEFAULT_LINE:  # the default line's series has no such module to import
 
 import vllm.models.kimi_k3.amd.ops.third_party.kda.fused_recurrent as fused_recurrent  # noqa: E402
 from support.gdn_batches import Batch, build, make_builder  # noqa: E402
+from support.recurrent_launch_keys import REAL_KERNEL, launch_key  # noqa: E402
 from test_kda_recurrent_warm_up import (  # noqa: E402
-    _REAL_KERNEL,
     MAX_NUM_SEQS,
     NUM_SPEC,
     fused_recurrent_builder,
-    launch_key,
     random_batch,
     serving_calls,
     stand_in_layer,
@@ -45,7 +44,7 @@ from vllm.models.kimi_k3.amd import kda_recurrent_warm_up as warm_up  # noqa: E4
 
 from k3rocm.launcher.step_bound import PROVEN_TOKEN_HEADS  # noqa: E402
 
-ARG_NAMES = launch.unwrap(_REAL_KERNEL)[0].arg_names
+ARG_NAMES = launch.unwrap(REAL_KERNEL)[0].arg_names
 
 
 class StandInJit:
@@ -76,7 +75,7 @@ def on_a_stand_in_gpu(monkeypatch):
     the binary's launcher and the stream replaced (named above); returns
     (the stand-in JIT, the direct launches recorded)."""
     jit = StandInJit()
-    kernel = Heuristics(jit, ARG_NAMES, _REAL_KERNEL.values)
+    kernel = Heuristics(jit, ARG_NAMES, REAL_KERNEL.values)
     monkeypatch.setattr(fused_recurrent, "fused_recurrent_kda_fwd_kernel", kernel)
     direct = []
     monkeypatch.setattr(launch, "DIRECT", True)
@@ -144,7 +143,7 @@ def test_one_signature_is_one_binary_and_grid_of_the_wrapper(heads, monkeypatch)
     and the same programs a request; the calls meet many signatures."""
     calls = layer_calls(heads, 120, monkeypatch)
     jit = StandInJit()
-    kernel = Heuristics(jit, ARG_NAMES, _REAL_KERNEL.values)
+    kernel = Heuristics(jit, ARG_NAMES, REAL_KERNEL.values)
     monkeypatch.setattr(fused_recurrent, "fused_recurrent_kda_fwd_kernel", kernel)
     seen: dict[tuple, tuple] = {}
     for call in calls:
