@@ -29,7 +29,9 @@ def _model_config(dtype: str) -> ModelConfig:
     return ModelConfig(model=str(build_tiny_llama(directory)), dtype=dtype)
 
 
-def make_builder(cls, num_spec: int, dtype: str = "float32"):
+def builder_config(num_spec: int, dtype: str = "float32") -> VllmConfig:
+    """A config for a GDN builder: the tiny Llama's model config in
+    ``dtype``, speculation with ``num_spec`` tokens (n-gram proposals)."""
     config = VllmConfig(model_config=_model_config(dtype))
     if num_spec:
         config.speculative_config = SpeculativeConfig(
@@ -38,6 +40,14 @@ def make_builder(cls, num_spec: int, dtype: str = "float32"):
             prompt_lookup_max=3,
             prompt_lookup_min=1,
         )
+    return config
+
+
+def make_builder(cls, num_spec: int, dtype: str = "float32", config=None):
+    """A ``cls`` builder for the layer ``model.layers.0.self_attn``, in
+    ``config`` (builder_config's by default), whose KV cache spec has
+    ``num_spec`` speculative blocks."""
+    config = config or builder_config(num_spec, dtype)
     spec = MambaSpec(
         shapes=((8, 3), (2, 4, 4)),
         dtypes=(torch.float32, torch.float32),

@@ -1,19 +1,21 @@
-"""What Triton compiles a launch of vLLM 0.32.0's recurrent KDA kernel apart
-on (its JIT cache key), and a stand-in for the kernel that records those
-keys. 0.32.0 line only: the module imports that line's kernel.
+"""What Triton compiles a launch of vLLM's recurrent KDA kernel (the AMD
+copy, ``fused_recurrent_kda_fwd_kernel``) apart on (its JIT cache key), and
+a stand-in for the kernel that records those keys: the line's own kernel,
+0.27.1's or 0.32.0's.
 
 The key: the kernel's constexpr arguments (among them the launch
-configuration the wrapper picks), num_warps and num_stages, each tensor's
-dtype, 16-byte alignment and AMD's 2 GiB storage class, which optional
-arguments are None, and each integer argument's class (1, a multiple of 16,
-other) unless the kernel opts it out (``do_not_specialize``: 0.32.0's does
-for N and T)."""
+configuration the wrapper picks and the flags its heuristics set),
+num_warps and num_stages, each tensor's dtype, 16-byte alignment and AMD's
+2 GiB storage class, which optional arguments are None, and each integer
+argument's class (1, a multiple of 16, other) unless the kernel opts it out
+(``do_not_specialize``: both lines' do for N and T)."""
 
 import inspect
 
 import torch
 import vllm.models.kimi_k3.amd.ops.third_party.kda.fused_recurrent as fused_recurrent
 from triton.backends.amd.compiler import HIPBackend
+from triton.runtime.autotuner import Heuristics
 
 
 def _layers(kernel):
@@ -38,6 +40,17 @@ def _opted_out(kernel) -> set[str]:
 REAL_KERNEL = fused_recurrent.fused_recurrent_kda_fwd_kernel
 KERNEL = inspect.signature([*_layers(REAL_KERNEL)][-1])
 OPTED_OUT = _opted_out(REAL_KERNEL)
+# The arguments the kernel's @triton.heuristics set from the others.
+HEURISTICS = next(
+    (layer.values for layer in _layers(REAL_KERNEL) if isinstance(layer, Heuristics)),
+    {},
+)
+
+
+def with_heuristics(kwargs: dict) -> dict:
+    """A launch's arguments as the JIT function gets them: the heuristics'
+    values set (over any given), as Triton's Heuristics does."""
+    return {**kwargs, **{name: rule(kwargs) for name, rule in HEURISTICS.items()}}
 
 
 def launch_key(kwargs: dict) -> tuple:
@@ -61,13 +74,23 @@ def launch_key(kwargs: dict) -> tuple:
 
 
 class Recorder:
-    """Stands in for the kernel: records each launch's key, runs nothing."""
+    """Stands in for the kernel: records the key of each launch
+    (``kernel[grid](...)``) and of each compile without a launch (Triton's
+    ``warmup`` through the heuristics, or the JIT function's own ``run``
+    with ``warmup=True``, which takes every argument, the heuristics' too),
+    runs nothing."""
 
     def __init__(self):
         self.compiled, self.launched = set(), set()
 
     def warmup(self, grid, **kwargs):
-        self.compiled.add(launch_key(kwargs))
+        self.compiled.add(launch_key(with_heuristics(kwargs)))
+
+    def run(self, *args, grid, warmup, **options):
+        assert warmup, "a launch through the JIT function's run"
+        names = [*KERNEL.parameters][: len(args)]  # the rest come by name
+        given = dict(zip(names, args, strict=True))
+        self.compiled.add(launch_key({**given, **options}))
 
     def __getitem__(self, grid):
-        return lambda **kwargs: self.launched.add(launch_key(kwargs))
+        return lambda **kwargs: self.launched.add(launch_key(with_heuristics(kwargs)))

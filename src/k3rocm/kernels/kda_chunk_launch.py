@@ -27,7 +27,8 @@ One job a module, in the order they build on each other:
 - kda_recurrent_plans.py: the same for the recurrent decode kernel;
 - kda_launch_entry.py: the entry points, which launch through the plans
   they hold or run vLLM's path and plan after it;
-- kda_launch_warm_up.py: the warm-ups that make the plans before serving.
+- kda_launch_warm_up.py: the warm-ups that make the plans before serving,
+  and compile the speculative calls' binaries.
 
 This module re-exports what the series' other patches and the smoke test
 use, so they import one module whatever the split.
@@ -43,9 +44,11 @@ from .kda_launch_entry import (
 )
 from .kda_launch_warm_up import (
     RecurrentWarmUp,
+    SpecWarmUp,
     WarmUp,
     warm_up_chunk_kda,
     warm_up_recurrent_kda,
+    warm_up_spec_recurrent_kda,
 )
 
 __all__ = [
@@ -54,6 +57,7 @@ __all__ = [
     "SITES",
     "STATS",
     "RecurrentWarmUp",
+    "SpecWarmUp",
     "WarmUp",
     "chunk_kda_launched",
     "recurrent_kda_launched",
@@ -61,4 +65,5 @@ __all__ = [
     "unwrap",
     "warm_up_chunk_kda",
     "warm_up_recurrent_kda",
+    "warm_up_spec_recurrent_kda",
 ]

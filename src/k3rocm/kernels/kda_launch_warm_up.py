@@ -9,15 +9,16 @@ every token count's specialization, through the launch's own entry point
 (kda_launch_entry.py), so a kind is planned exactly as a serving call would
 plan it; the ROCm builder (patch 0002) calls it when it is built.
 ``warm_up_recurrent_kda`` plans the layers' recurrent decode calls for
-their real state pools and block table, which the builder does at its first
-build. Both lay their calls out as the layer (patch 0004) lays out its own:
-``LayerCalls``.
+their real state pools and block table, and ``warm_up_spec_recurrent_kda``
+compiles their speculative calls, which the builder does at its first
+build. They lay their calls out as the layer (patch 0004) lays out its own.
 """
 
 import time
 from dataclasses import dataclass
 
 import torch
+from einops import rearrange
 from vllm.third_party.flash_linear_attention.ops.utils import FLA_CHUNK_SIZE
 
 from .kda_chunk_plans import call_kind
@@ -30,10 +31,12 @@ from .kda_launch_entry import (
     chunk_kda_launched,
 )
 from .kda_recurrent_plans import (
+    _compile_recurrent,
     _decode_rows,
     _on_gpu,
     _plan_recurrent,
     _recurrent_arguments,
+    _recurrent_key,
     recurrent_call_kind,
 )
 
@@ -250,3 +253,84 @@ def warm_up_recurrent_kda(
         RECURRENT_STATS["plans_made"] - before,
         time.perf_counter() - start,
     )
+
+
+# A speculative step's recurrent call goes through vLLM's wrapper, no plan
+# (the layer's spec path is 0.27.1's), and the kernel compiles the token
+# strides in. The layer lays the call out one way in a step of spec decodes
+# only (slices of the step's buffers) and another beside other requests
+# (index_select copies; the wrapper allocates the output). Both of 0.27.1's
+# runners make a request a spec decode only when it has drafts, so a call
+# has two tokens or more (no stride of a dimension of size 1).
+SPEC_STEP = "speculative step"
+SPEC_BESIDE_OTHERS = "speculative requests beside others"
+SPEC_LAYOUTS = (SPEC_STEP, SPEC_BESIDE_OTHERS)
+
+
+def spec_warm_up_call(layer, state: torch.Tensor, num_spec: int,
+                      layout: str) -> tuple:  # fmt: skip
+    """The kernel's arguments for one spec request of ``num_spec`` + 1
+    tokens, laid out as ``layer`` lays out its spec call in ``layout``: q, k,
+    v the convolution update's output (three projections a row, viewed with
+    the layer's own rearrange), raw_g the gate projection's rows, raw_beta
+    the fused projection's view cut by ``split_projection``, out
+    core_attn_out's rows; beside others raw_g and raw_beta gathered, out the
+    wrapper's ``empty_like(v)``. The state indices are a row of the
+    builder's spec indices (num_spec + 1 columns); ``state`` the layer's
+    pool. Nothing is written: the tensors are only laid out."""
+    heads, dim = layer.local_num_heads, layer.head_dim
+    width = heads * dim
+    tokens = num_spec + 1
+    dtype = layer.in_proj_qkvgfab.params_dtype
+    device = state.device
+
+    def empty(*size, dtype=dtype):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    q, k, v = (
+        rearrange(x, "n (h d) -> 1 n h d", d=dim)
+        for x in empty(tokens, 3 * width).split(width, dim=-1)
+    )
+    raw_g = rearrange(empty(tokens, width), "n (h d) -> 1 n h d", d=dim)
+    projected = empty(tokens, layer.in_proj_qkvgfab.output_size_per_partition)
+    raw_beta = layer.split_projection(projected)[3].unsqueeze(0)
+    if layout == SPEC_STEP:
+        out = empty(1, tokens, heads, dim)[:, :tokens]
+    else:
+        index = torch.arange(tokens, device=device)
+        raw_g, raw_beta = raw_g.index_select(1, index), raw_beta.index_select(1, index)
+        out = torch.empty_like(v)
+    return _recurrent_arguments(
+        q, k, v, raw_g, raw_beta, layer.A_log, layer.dt_bias,
+        layer.gate_lower_bound, state,
+        torch.tensor([0, tokens], dtype=torch.int32, device=device),
+        torch.zeros(1, tokens, dtype=torch.int32, device=device), out,
+        num_accepted_tokens=torch.ones(1, dtype=torch.int32, device=device),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SpecWarmUp:
+    """What warm_up_spec_recurrent_kda did."""
+
+    layers: int  # layers warmed up
+    kinds: int  # kinds of spec call they make: a binary each
+    seconds: float
+
+
+def warm_up_spec_recurrent_kda(layers, states, num_spec: int) -> SpecWarmUp:
+    """Compile, before serving, the recurrent kernel's binary for each kind
+    of speculative call Kimi KDA ``layers`` make (each layout of
+    SPEC_LAYOUTS with each layer's state pool ``states``); nothing is
+    launched. Elsewhere than on a GPU nothing is compiled; the kinds are
+    still counted."""
+    start = time.perf_counter()
+    kinds: dict[tuple, tuple] = {}
+    for layer, state in zip(layers, states, strict=True):
+        for layout in SPEC_LAYOUTS:
+            args = spec_warm_up_call(layer, state, num_spec, layout)
+            kinds.setdefault(_recurrent_key(args), args)
+    for args in kinds.values():
+        if _on_gpu(args[0]):
+            _compile_recurrent(args)
+    return SpecWarmUp(len(states), len(kinds), time.perf_counter() - start)

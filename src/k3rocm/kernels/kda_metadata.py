@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.kv_cache_interface import AttentionSpec
 
-    from .ops.third_party.kda.kda_chunk_launch import RecurrentWarmUp
+    from .ops.third_party.kda.kda_chunk_launch import RecurrentWarmUp, SpecWarmUp
 
 logger = init_logger(__name__)
 
@@ -89,6 +89,7 @@ class KimiK3ROCmKDAMetadataBuilder(GDNAttentionMetadataBuilder):
         )
         # Made at the first build that finds the layers' state pools bound.
         self.recurrent_kda_warm_up: RecurrentWarmUp | None = None
+        self.spec_kda_warm_up: SpecWarmUp | None = None
         logger.info(
             "KDA chunk launches: %d plans ready (%d made now) for %d layers, "
             "%d kinds of call, in %.2f s",
@@ -109,9 +110,13 @@ class KimiK3ROCmKDAMetadataBuilder(GDNAttentionMetadataBuilder):
     ) -> "RecurrentWarmUp | None":
         """Plan the layers' decode calls for their real state pools and the
         state indices GDNAttentionMetadataBuilder.build cuts from this
-        block table; None (try again at the next build) while a pool is not
-        bound yet or a CUDA graph is being captured."""
-        from .ops.third_party.kda.kda_chunk_launch import warm_up_recurrent_kda
+        block table, and with speculation compile their spec calls; None
+        (try again at the next build) while a pool is not bound yet or a
+        CUDA graph is being captured."""
+        from .ops.third_party.kda.kda_chunk_launch import (
+            warm_up_recurrent_kda,
+            warm_up_spec_recurrent_kda,
+        )
 
         states = []
         for layer in self.kda_layers:
@@ -138,6 +143,18 @@ class KimiK3ROCmKDAMetadataBuilder(GDNAttentionMetadataBuilder):
             warm_up.kinds,
             warm_up.seconds,
         )
+        if self.num_spec:
+            # The speculative calls run vLLM's wrapper: their binaries.
+            self.spec_kda_warm_up = warm_up_spec_recurrent_kda(
+                self.kda_layers, states, self.num_spec
+            )
+            logger.info(
+                "KDA speculative recurrent calls: %d kinds compiled for %d "
+                "layers in %.2f s",
+                self.spec_kda_warm_up.kinds,
+                self.spec_kda_warm_up.layers,
+                self.spec_kda_warm_up.seconds,
+            )
         return warm_up
 
     def _build_chunk_metadata(

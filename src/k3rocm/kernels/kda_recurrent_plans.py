@@ -40,18 +40,22 @@ def _recurrent_kernel():
 
 
 def _recurrent_arguments(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
-                         state, cu_seqlens, state_indices, out) -> tuple:  # fmt: skip
+                         state, cu_seqlens, state_indices, out,
+                         num_accepted_tokens=None) -> tuple:  # fmt: skip
     """The kernel's arguments in its parameter order, as the wrapper
-    (fused_recurrent_kda_fwd) and the kernel's heuristics make them."""
+    (fused_recurrent_kda_fwd) and the kernel's heuristics make them; with
+    ``num_accepted_tokens``, a speculative call's."""
     T, H, K = q.shape[1], q.shape[2], q.shape[3]
     V = v.shape[-1]
+    spec = num_accepted_tokens is not None
     return (
         q, k, v, raw_g, raw_beta, A_log, dt_bias, out, state, cu_seqlens,
-        state_indices, None, lower_bound, K**-0.5, cu_seqlens.shape[0] - 1, T,
-        H, K, V, triton.next_power_of_2(K), _RECURRENT_BV, q.stride(1),
-        raw_g.stride(1), raw_beta.stride(1), out.stride(1), state.stride(0),
-        state_indices.stride(0), False, True, True, True, dt_bias is not None,
-        lower_bound is not None, _RECURRENT_STAGES,
+        state_indices, num_accepted_tokens, lower_bound, K**-0.5,
+        cu_seqlens.shape[0] - 1, T, H, K, V, triton.next_power_of_2(K),
+        _RECURRENT_BV, q.stride(1), raw_g.stride(1), raw_beta.stride(1),
+        out.stride(1), state.stride(0), state_indices.stride(0), spec, True,
+        True, True, dt_bias is not None, lower_bound is not None,
+        _RECURRENT_STAGES,
     )  # fmt: skip
 
 
@@ -145,18 +149,23 @@ class RecurrentPlan:
     programs_per_sequence: int  # the wrapper's grid: value blocks x heads
 
 
-def _plan_recurrent(args: tuple) -> RecurrentPlan | None:
-    """The plan of the call with these kernel arguments: the binary Triton's
-    dispatcher launches for them (compiled now unless Triton has it: its
-    warm-up run launches nothing), or None where this Triton lacks the
-    internals. num_stages is a constexpr of the kernel and its compile
-    option both; given by name it is both, as the wrapper gives it."""
+def _compile_recurrent(args: tuple):
+    """The binary Triton's dispatcher launches for these kernel arguments,
+    compiled now unless Triton has it (its warm-up run launches nothing).
+    num_stages is a constexpr of the kernel and its compile option both;
+    given by name it is both, as the wrapper gives it."""
     jit, _ = unwrap(_recurrent_kernel())
-    binary = jit.run(
+    return jit.run(
         *args[:-1], grid=(1,), warmup=True, num_warps=_RECURRENT_WARPS,
         num_stages=args[-1],
     )  # fmt: skip
-    direct = _direct(binary)
+
+
+def _plan_recurrent(args: tuple) -> RecurrentPlan | None:
+    """The plan of the call with these kernel arguments: the binary
+    (``_compile_recurrent``) as a direct launch, or None where this Triton
+    lacks the internals."""
+    direct = _direct(_compile_recurrent(args))
     if direct is None:
         return None
     H, V = args[16], args[18]
