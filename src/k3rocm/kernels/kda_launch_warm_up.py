@@ -294,8 +294,8 @@ def spec_warm_up_call(layer, state: torch.Tensor, num_spec: int,
     raw_g = rearrange(empty(tokens, width), "n (h d) -> 1 n h d", d=dim)
     projected = empty(tokens, layer.in_proj_qkvgfab.output_size_per_partition)
     raw_beta = layer.split_projection(projected)[3].unsqueeze(0)
-    if layout == SPEC_STEP:
-        out = empty(1, tokens, heads, dim)[:, :tokens]
+    if layout == SPEC_STEP:  # the first rows of a (padded) forward's output
+        out = empty(1, tokens + 1, heads, dim)[:, :tokens]
     else:
         index = torch.arange(tokens, device=device)
         raw_g, raw_beta = raw_g.index_select(1, index), raw_beta.index_select(1, index)
