@@ -34,9 +34,15 @@ import types
 import pytest
 import torch
 from support.gdn_batches import Batch, build, make_builder
-from support.kimi_layer import prepare_as_on_rocm, single_rank, triton_causal_conv1d
+from support.kimi_layer import (
+    KIMI_K3_HEAD_DIM,
+    LAYER_HIDDEN,
+    inert_convolutions,
+    kimi_k3_layer,
+    single_rank,
+)
 from support.vllm_trees import ON_DEFAULT_LINE
-from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.config import VllmConfig
 from vllm.forward_context import set_forward_context
 from vllm.platforms import current_platform
 
@@ -49,12 +55,8 @@ import vllm.models.kimi_k3.amd.ops.third_party.kda.fused_recurrent as fused_recu
 from support.recurrent_launch_keys import Recorder  # noqa: E402
 from vllm.models.kimi_k3.amd import kda_recurrent_warm_up as warm_up  # noqa: E402
 from vllm.models.kimi_k3.amd.kda_metadata import KimiK3ROCmKDAMetadataBuilder  # noqa: E402
-from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig  # noqa: E402
-from vllm.utils.torch_utils import set_default_torch_dtype  # noqa: E402
 
-HEAD_DIM = 128
 NUM_SPEC = 7  # dspark's draft tokens
-HIDDEN = 64  # the projections' input: any width lays their outputs out alike
 
 
 @pytest.fixture(scope="module")
@@ -79,29 +81,10 @@ def kimi_layer(heads: int, builder):
     """A Kimi-K3 KDA layer of ``heads`` heads a rank, built in the builder's
     config (so the builder's first build finds it), weights random, its
     state pools bound as vLLM binds them."""
-    hf_config = KimiLinearConfig(
-        hidden_size=HIDDEN,
-        rms_norm_eps=1e-5,
-        linear_attn_config={
-            "head_dim": HEAD_DIM, "num_heads": heads, "short_conv_kernel_size": 4,
-            "kda_layers": [1], "full_attn_layers": [], "use_full_rank_gate": True,
-            "gate_lower_bound": -5.0,
-        },
-    )  # fmt: skip
-    config = builder.vllm_config
     [prefix] = builder.layer_names
-    with set_current_vllm_config(config), set_default_torch_dtype(torch.bfloat16):
-        layer = amd_layer.KimiK3DeltaAttention(hf_config, config, prefix)
-    generator = torch.Generator().manual_seed(heads)
-    for parameter in layer.parameters():
-        parameter.data.normal_(0, 0.05, generator=generator)
-    prepare_as_on_rocm(layer)
-    conv_shape, state_shape = layer.get_state_shape()
-    conv_dtype, state_dtype = layer.get_state_dtype()[:2]
     slots = max_requests(heads) * (NUM_SPEC + 1)
-    layer.kv_cache = (
-        torch.zeros(slots, *conv_shape, dtype=conv_dtype),
-        torch.empty(slots, *state_shape, dtype=state_dtype),  # never read here
+    layer = kimi_k3_layer(
+        amd_layer.KimiK3DeltaAttention, builder.vllm_config, prefix, heads, slots
     )
     return layer
 
@@ -131,15 +114,6 @@ def random_batch(rng: random.Random, heads: int) -> Batch:
     return Batch(spec, decodes, prefills, padding, contexts + [0] * padding)
 
 
-class InertKernel:
-    """Stands in for a convolution kernel: launched, it writes nothing. What
-    the recurrent call gets from a convolution is laid out by its Python
-    wrapper (vLLM's, which allocates the output), not by the kernel."""
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
-
-
 def stand_in_chunk_prefill(**kwargs):
     out = kwargs["out"]
     return (torch.zeros_like(kwargs["v"]) if out is None else out), None
@@ -147,18 +121,14 @@ def stand_in_chunk_prefill(**kwargs):
 
 def stand_in_packed_decode(mixed_qkv, **kwargs):
     heads = kwargs["A_log"].numel()
-    return mixed_qkv.new_zeros(1, mixed_qkv.shape[0], heads, HEAD_DIM), None
+    return mixed_qkv.new_zeros(1, mixed_qkv.shape[0], heads, KIMI_K3_HEAD_DIM), None
 
 
 @pytest.fixture
 def recorder(monkeypatch):
     recorder = Recorder()
     monkeypatch.setattr(fused_recurrent, "fused_recurrent_kda_fwd_kernel", recorder)
-    convolutions = triton_causal_conv1d(monkeypatch)
-    for kernel in ("_causal_conv1d_fwd_kernel", "_causal_conv1d_update_kernel"):
-        monkeypatch.setattr(convolutions, kernel, InertKernel())
-    for name in ("causal_conv1d_fn", "causal_conv1d_update"):
-        monkeypatch.setattr(amd_layer, name, getattr(convolutions, name))
+    inert_convolutions(monkeypatch, amd_layer)
     monkeypatch.setattr(amd_layer, "chunk_kda_prefill", stand_in_chunk_prefill)
     monkeypatch.setattr(
         amd_layer, "fused_recurrent_kda_packed_decode", stand_in_packed_decode
@@ -169,7 +139,7 @@ def recorder(monkeypatch):
 def forward(layer, config, metadata, padded: int) -> None:
     """The layer's whole forward over ``padded`` tokens (vLLM pads a step),
     the batch's the first."""
-    hidden = torch.randn(padded, HIDDEN, dtype=torch.bfloat16)
+    hidden = torch.randn(padded, LAYER_HIDDEN, dtype=torch.bfloat16)
     with set_forward_context({layer.prefix: metadata}, config):
         layer.forward(hidden, torch.arange(padded))
 

@@ -35,20 +35,21 @@ import vllm.model_executor.layers.utils as gemm
 import vllm.models.kimi_k3.amd.ops.third_party.kda as amd_kda
 import vllm.models.kimi_k3.amd.ops.third_party.kda.fused_recurrent as fused_recurrent
 from support.gdn_batches import Batch, build, builder_config, make_builder
-from support.kimi_layer import prepare_as_on_rocm, single_rank, triton_causal_conv1d
+from support.kimi_layer import (
+    LAYER_HIDDEN,
+    inert_convolutions,
+    kimi_k3_layer,
+    single_rank,
+)
 from support.recurrent_launch_keys import Recorder
 from test_kimi_layer_numerics import gather_initial_states_on_cpu
-from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.config import VllmConfig
 from vllm.forward_context import set_forward_context
 from vllm.models.kimi_k3.amd.kda_metadata import KimiK3ROCmKDAMetadataBuilder
 from vllm.models.kimi_k3.amd.ops.third_party.kda import kda_launch_warm_up
 from vllm.platforms import current_platform
-from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
-from vllm.utils.torch_utils import set_default_torch_dtype
 
-HEAD_DIM = 128
 NUM_SPEC = 7  # dspark's draft tokens
-HIDDEN = 64  # the projections' input: any width lays their outputs out alike
 MAX_REQUESTS = 8
 PREFIX = "model.layers.0.self_attn"  # the layer make_builder's builder serves
 
@@ -60,40 +61,15 @@ def kimi_layer_and_builder(heads: int, full_rank: bool):
     pools bound as vLLM binds them."""
     config = builder_config(NUM_SPEC, "bfloat16")
     config.scheduler_config.max_num_batched_tokens = 256  # the chunk warm-up's
-    gate = {"use_full_rank_gate": True, "gate_lower_bound": -5.0} if full_rank else {}
-    hf_config = KimiLinearConfig(
-        hidden_size=HIDDEN,
-        rms_norm_eps=1e-5,
-        linear_attn_config={
-            "head_dim": HEAD_DIM, "num_heads": heads, "short_conv_kernel_size": 4,
-            "kda_layers": [1], "full_attn_layers": [], **gate,
-        },
-    )  # fmt: skip
-    with set_current_vllm_config(config), set_default_torch_dtype(torch.bfloat16):
-        layer = kimi_layer.KimiGatedDeltaNetAttention(hf_config, config, PREFIX)
-    generator = torch.Generator().manual_seed(heads)
-    for parameter in layer.parameters():
-        parameter.data.normal_(0, 0.05, generator=generator)
-    prepare_as_on_rocm(layer)
-    conv_shape, state_shape = layer.get_state_shape()
-    conv_dtype, state_dtype = layer.get_state_dtype()[:2]
     # Past the block table's entries; at 96 heads past 2 GiB, as a dep16
     # rank's pool is (AMD's pointer class: reserved, never touched here).
     slots = 400 if heads == 96 else 128
-    layer.kv_cache = (
-        torch.zeros(slots, *conv_shape, dtype=conv_dtype),
-        torch.empty(slots, *state_shape, dtype=state_dtype),  # never read here
+    layer = kimi_k3_layer(
+        kimi_layer.KimiGatedDeltaNetAttention, config, PREFIX, heads, slots, full_rank
     )
     builder = make_builder(KimiK3ROCmKDAMetadataBuilder, NUM_SPEC, config=config)
     assert builder.kda_layers == [layer]
     return layer, builder
-
-
-class InertKernel:
-    """Stands in for a convolution kernel: launched, it writes nothing."""
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
 
 
 def stand_in_chunk_kda(**kwargs):
@@ -115,11 +91,7 @@ def recorder(monkeypatch):
     monkeypatch.setattr(gemm, "rocm_unquantized_gemm", gemm.default_unquantized_gemm)
     monkeypatch.setattr(kda_launch_warm_up, "_on_gpu", lambda tensor: True)
     monkeypatch.setattr(kda_launch_warm_up, "DIRECT", False)  # no decode plans
-    convolutions = triton_causal_conv1d(monkeypatch)
-    for kernel in ("_causal_conv1d_fwd_kernel", "_causal_conv1d_update_kernel"):
-        monkeypatch.setattr(convolutions, kernel, InertKernel())
-    for name in ("causal_conv1d_fn", "causal_conv1d_update"):
-        monkeypatch.setattr(kimi_layer, name, getattr(convolutions, name))
+    inert_convolutions(monkeypatch, kimi_layer)
     monkeypatch.setattr(amd_kda, "chunk_kda_with_fused_gate", stand_in_chunk_kda)
     monkeypatch.setattr(
         kimi_layer, "gather_initial_states", gather_initial_states_on_cpu
@@ -162,7 +134,7 @@ def serve(heads: int, full_rank: bool, recorder, steps: int = 30):
             warmed = builder.spec_kda_warm_up
             assert warmed.layers == 1 and not recorder.launched
         padded = metadata.num_actual_tokens + rng.choice([0, 5])
-        hidden = torch.randn(padded, HIDDEN, dtype=torch.bfloat16)
+        hidden = torch.randn(padded, LAYER_HIDDEN, dtype=torch.bfloat16)
         with set_forward_context({PREFIX: metadata}, builder.vllm_config):
             layer.forward(hidden, torch.arange(padded), torch.empty_like(hidden))
         kinds.add(call_kind(metadata))

