@@ -38,8 +38,7 @@ from support.docker_images import (
 from support.vllm_trees import REPO, SERIES
 from support.workers import worker_lock
 
-from k3rocm.common.metric_names import API_IN_FLIGHT
-from k3rocm.common.metrics_text import sample_total
+from k3rocm.container.drain_wait import requests_in_flight
 from k3rocm.supply_chain.image import image_tag
 from k3rocm.tryout.tiny_model import MAX_POSITIONS
 
@@ -167,11 +166,6 @@ def test_a_killed_vllm_is_restarted_and_counted(served):
     assert served.read("/run/k3rocm/vllm-deaths").strip() == "1"
 
 
-def api_requests_in_flight(container: Container) -> float:
-    """The drain middleware's count of accepted requests, from /metrics."""
-    return sample_total(http(f"{container.base_url}/metrics")[1], API_IN_FLIGHT) or 0.0
-
-
 def _health_status(container: Container) -> int | None:
     try:
         return http(f"{container.base_url}/health", timeout=5)[0]
@@ -198,7 +192,7 @@ def test_docker_stop_drains_every_accepted_stream(served):
             stream.start()
         served.wait_for(
             "every stream accepted",
-            lambda: api_requests_in_flight(served) >= STREAMS,
+            lambda: (requests_in_flight(f"{served.base_url}/metrics") or 0) >= STREAMS,
             120,
         )
         # 40 clients that sent a POST's headers and never its body: they must

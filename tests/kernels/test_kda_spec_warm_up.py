@@ -37,12 +37,12 @@ import vllm.models.kimi_k3.amd.ops.third_party.kda.fused_recurrent as fused_recu
 from support.gdn_batches import Batch, build, builder_config, make_builder
 from support.kimi_layer import (
     LAYER_HIDDEN,
+    gather_initial_states_on_cpu,
     inert_convolutions,
     kimi_k3_layer,
     single_rank,
 )
 from support.recurrent_launch_keys import Recorder
-from test_kimi_layer_numerics import gather_initial_states_on_cpu
 from vllm.config import VllmConfig
 from vllm.forward_context import set_forward_context
 from vllm.models.kimi_k3.amd.kda_metadata import KimiK3ROCmKDAMetadataBuilder

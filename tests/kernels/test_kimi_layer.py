@@ -28,7 +28,11 @@ from support.gdn_batches import (
     lengths,
     make_builder,
 )
-from support.kimi_layer import prepare_as_on_rocm, single_rank
+from support.kimi_layer import (
+    gather_initial_states_on_cpu,
+    prepare_as_on_rocm,
+    single_rank,
+)
 from vllm.config import VllmConfig
 from vllm.forward_context import set_forward_context
 from vllm.models.kimi_k3.amd.kda_metadata import (
@@ -106,12 +110,6 @@ class ChunkKdaRecorder:
         out = kwargs["out"]
         out.zero_()
         return out, kwargs["initial_state"]
-
-
-def gather_initial_states_on_cpu(state, indices, has_initial_state):
-    rows = state[indices.long()].clone()
-    rows[~has_initial_state] = 0
-    return rows
 
 
 @pytest.fixture

