@@ -31,6 +31,14 @@
 #                                          # on the 0.32.0 line at 12, 6 and
 #                                          # 96 heads: series k4.2's direct
 #                                          # launch against 0.32.0's wrapper
+#     bash benchmarks/gpu_run.sh line-layer  # gpu_line_layer.py on the
+#                                          # 0.32.0 line: the KDA layer call
+#                                          # and modelled step, series
+#                                          # against 0.32.0's own path
+#     bash benchmarks/gpu_run.sh spec-warm-up  # gpu_spec_warm_up.py on the
+#                                          # default line: k3.11's spec
+#                                          # warm-up, then dspark calls
+#     (the per-head scenarios run 12, 6 and 96 heads, or K3_HEAD_COUNTS)
 #     bash benchmarks/gpu_run.sh spec-lines  # gpu_spec.py on the 0.32.0
 #                                          # line at 12, 6 and 96 heads, then
 #                                          # on the default line at 12 heads
@@ -131,13 +139,19 @@ scenario_warm_up() {
 
 on_line_heads() {
     # on_line_heads LABEL DIR LIMIT SCRIPT [VAR=VALUE...]: SCRIPT on the
-    # 0.32.0 line at 12, 6 and 96 heads, one process each, its JSON in
-    # $OUT/DIR-<heads>, each under LIMIT seconds.
+    # 0.32.0 line at 12, 6 and 96 heads (or K3_HEAD_COUNTS), one process
+    # each, its JSON in $OUT/DIR-<heads>, each under LIMIT seconds.
+    on_heads "$@" K3_LINE=0.32.0
+}
+
+on_heads() {
+    # on_heads LABEL DIR LIMIT SCRIPT [VAR=VALUE...]: the same on the line
+    # the variables name (the default line without K3_LINE).
     local label=$1 dir=$2 limit=$3 script=$4 heads
     shift 4
-    for heads in 12 6 96; do
+    for heads in ${K3_HEAD_COUNTS:-12 6 96}; do
         mkdir -p "$OUT/$dir-$heads"
-        run "$label $heads heads" env K3_LINE=0.32.0 K3_HEADS="$heads" "$@" \
+        run "$label $heads heads" env K3_HEADS="$heads" "$@" \
             OUT="$OUT/$dir-$heads" timeout "$limit" python3 "$script"
     done
 }
@@ -146,6 +160,15 @@ scenario_recurrent_launch() {
     need_line_bundle recurrent-launch
     on_line_heads "recurrent launch" launch "${K3_LAUNCH_LIMIT:-150}" \
         gpu_recurrent_launch.py
+}
+
+scenario_line_layer() {
+    need_line_bundle line-layer
+    on_line_heads "line layer" layer "${K3_LAYER_LIMIT:-150}" gpu_line_layer.py
+}
+
+scenario_spec_warm_up() {
+    on_heads "spec warm-up" spec-warm "${K3_SPEC_LIMIT:-60}" gpu_spec_warm_up.py
 }
 
 scenario_spec_lines() {
@@ -173,8 +196,10 @@ line) scenario_line ;;
 spec-lines) scenario_spec_lines ;;
 recurrent-launch) scenario_recurrent_launch ;;
 warm-up) scenario_warm_up ;;
+line-layer) scenario_line_layer ;;
+spec-warm-up) scenario_spec_warm_up ;;
 *)
-    echo "usage: gpu_run.sh [all|reference-peel|peel|reference|heads|line|spec-lines|warm-up|recurrent-launch]" >&2
+    echo "usage: gpu_run.sh [all|reference-peel|peel|reference|heads|line|spec-lines|warm-up|recurrent-launch|line-layer|spec-warm-up]" >&2
     exit 2
     ;;
 esac
