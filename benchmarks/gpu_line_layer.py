@@ -23,7 +23,8 @@ fused HIP chunk kernels instead, which no NVIDIA GPU runs):
 
 What both sides do alike around these calls (projections, convolutions,
 the norm) is left out. Per shape: both sides' outputs and states bitwise
-equal from the same inputs; host microseconds per layer call and GPU
+equal from the same inputs (and 0.32.0's own path against itself);
+host microseconds per layer call and GPU
 microseconds per layer call, the sides interleaved round by round; the
 step model of gpu_bench.py (64 layers, KDA in every 4th but one, the
 others a calibrated GPU wait, the metadata once a step), the sides
@@ -156,8 +157,8 @@ class Step:
                 out=self.out[:, :d], **common,
             )  # fmt: skip
         slots = self.slots[d:].long()
-        initial = self.pool[slots]
-        initial[~self.has_initial] = 0.0
+        # vLLM's gather_initial_states, without a host sync.
+        initial = torch.where(self.has_initial.view(-1, 1, 1, 1), self.pool[slots], 0.0)
         o, final = chunk_kda_with_fused_gate(
             **{n: x[n][:, d:] for n in ("q", "k", "v", "raw_g", "raw_beta")},
             A_log=x["A_log"], g_bias=x["g_bias"], initial_state=initial,
@@ -168,20 +169,38 @@ class Step:
         self.out[:, d:].copy_(o)
         self.pool[slots] = final
 
-    def bitwise(self) -> bool:
-        """Both sides from the same inputs write the same bits."""
-        pool, written = self.pool.clone(), {}
-        for side in (OWN, SERIES, SERIES):  # the series' second call: direct
+    def bitwise(self) -> dict:
+        """Each run from the same inputs against 0.32.0's first: the decodes'
+        output rows, the other rows and the states, bitwise; and whether the
+        two sides' chunk metadata are equal."""
+        pool, runs = self.pool.clone(), []
+        for side in (OWN, OWN, SERIES, SERIES):  # the series' second: direct
             self.pool.copy_(pool)
             self.out.zero_()
             self.layer(side, self.metadata(side))
-            written.setdefault(side, []).append((self.out.clone(), self.pool.clone()))
+            runs.append((self.out.clone(), self.pool.clone()))
         torch.cuda.synchronize()
-        (ref_out, ref_pool), *rest = written[OWN] + written[SERIES]
         self.pool.copy_(pool)
-        return all(
-            torch.equal(o, ref_out) and torch.equal(p, ref_pool) for o, p in rest
-        )
+        (ref_out, ref_pool), d = runs[0], self.split
+        result = {
+            name: {
+                "decode rows": torch.equal(out[:, :d], ref_out[:, :d]),
+                "other rows": torch.equal(out[:, d:], ref_out[:, d:]),
+                "states": torch.equal(states, ref_pool),
+            }
+            for name, (out, states) in zip(
+                ("0.32.0 again", "series, first call", "series, direct launch"),
+                runs[1:],
+                strict=True,
+            )
+        }
+        own, ours = self.metadata(OWN), self.metadata(SERIES)
+        if own is not None:
+            result["chunk metadata equal"] = all(
+                a.shape == b.shape and torch.equal(a.long(), b.long())
+                for a, b in zip(own, ours, strict=True)
+            )
+        return result
 
 
 def layer_times(step: Step) -> dict:

@@ -125,7 +125,11 @@ def serving_call(layer, layouts: dict, rng: random.Random) -> str:
     if path == "speculative step":
         indices = table[:, : NUM_SPEC + 1]
     elif path == "beside others":
-        indices = table[:, : NUM_SPEC + 1].contiguous()
+        # Gathered with a mask, as 0.32.0's GDN builder gathers them: a new
+        # [n, NUM_SPEC + 1] tensor. (.contiguous() of one request's row
+        # keeps the table's row stride, which the kernel compiles in: until
+        # 2026-12-07 this harness did that, 7 misses no layer makes.)
+        indices = table[torch.ones(n, dtype=torch.bool, device=DEV), : NUM_SPEC + 1]
     else:
         indices = table[:, 0]
 
