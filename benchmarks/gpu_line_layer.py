@@ -14,7 +14,8 @@ fused HIP chunk kernels instead, which no NVIDIA GPU runs):
   through the series' direct launch (patches 0008-0009; switched off for
   the other side), then ``chunk_kda_prefill``'s Triton path over the
   prefills, alike on both sides (initial states gathered from the pool:
-  plain indexing stands in for vLLM's gather_initial_states kernel;
+  torch's indexing, no host sync, stands in for vLLM's
+  gather_initial_states kernel;
   chunk_kda_with_fused_gate with the step's metadata; the copy into
   core_attn_out; the final states scattered back);
 - a dspark step of spec decodes only: one ``fused_recurrent_kda`` on the
@@ -23,10 +24,9 @@ fused HIP chunk kernels instead, which no NVIDIA GPU runs):
 
 What both sides do alike around these calls (projections, convolutions,
 the norm) is left out. Per shape: both sides' outputs and states bitwise
-equal from the same inputs (and 0.32.0's own path against itself);
-host microseconds per layer call and GPU
-microseconds per layer call, the sides interleaved round by round; the
-step model of gpu_bench.py (64 layers, KDA in every 4th but one, the
+equal from the same inputs (and 0.32.0's own path against itself); host
+and GPU microseconds per layer call, the sides interleaved round by round;
+the step model of gpu_bench.py (64 layers, KDA in three of every four, the
 others a calibrated GPU wait, the metadata once a step), the sides
 alternating step by step: per-round medians, the paired difference, the
 share of steps the GPU waited for the host; Triton binaries compiled while
