@@ -174,7 +174,11 @@ class Step:
         output rows, the other rows and the states, bitwise; and whether the
         two sides' chunk metadata are equal."""
         pool, runs = self.pool.clone(), []
+        # The inputs too, in case a kernel writes one in place.
+        inputs = {n: t.clone() for n, t in self.x.items() if torch.is_tensor(t)}
         for side in (OWN, OWN, SERIES, SERIES):  # the series' second: direct
+            for name, saved in inputs.items():
+                self.x[name].copy_(saved)
             self.pool.copy_(pool)
             self.out.zero_()
             self.layer(side, self.metadata(side))
