@@ -196,7 +196,9 @@ def test_smoke_passes_then_sigterm_stops_vllm_gracefully(container, tmp_path):
     # machine under added load (2026-12-07), so a bound of 10 had no margin.
     assert time.monotonic() - started < 20
     # vLLM shut down on its own, not by supervisord's SIGKILL.
-    assert "stopped: vllm (exit status 0)" in tree.log
+    assert "stopped: vllm (exit status 0)" in tree.log, [
+        line for line in tree.log.splitlines() if "vllm" in line and "stopped" in line
+    ] + tree.log.splitlines()[-15:]
     assert "with SIGKILL" not in tree.log, [
         line for line in tree.log.splitlines() if "SIGKILL" in line
     ]
