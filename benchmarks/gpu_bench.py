@@ -348,25 +348,34 @@ def model_steps(seq_lens, sides, inputs, wait_cycles) -> dict:
     the GPU waited for the host to issue it; the 0.27.1 step's .tolist()
     waits for the queue, which leaves the GPU idle inside that step. Inputs
     are reused (chunk KDA overwrites v: values drift, timing does not)."""
-    batches = [cu_seqlens(seq_lens) for _ in sides]
+    batches = iter([cu_seqlens(seq_lens) for _ in sides])
+    start = time.perf_counter()
+    gpu_ms = step_intervals(
+        sides,
+        lambda patched: model_step(patched, *next(batches), inputs, wait_cycles),
+    )
+    wall_ms = (time.perf_counter() - start) / len(sides) * 1e3
+    return {"gpu_ms": gpu_ms, "wall_ms": wall_ms}
+
+
+def step_intervals(sides, issue) -> list[float]:
+    """Issue one step per entry of ``sides`` (``issue(side)``), back to back,
+    the garbage collector off; each step's interval on the GPU's timeline,
+    in ms: from the event recorded as the host starts issuing it to the
+    next step's."""
     events = [torch.cuda.Event(enable_timing=True) for _ in range(len(sides) + 1)]
     torch.cuda.synchronize()
     gc.collect()
     gc.disable()
     try:
-        start = time.perf_counter()
-        for event, patched, (dev, host) in zip(events, sides, batches, strict=False):
+        for event, side in zip(events, sides, strict=False):
             event.record()
-            model_step(patched, dev, host, inputs, wait_cycles)
+            issue(side)
         events[-1].record()
         torch.cuda.synchronize()
-        wall_ms = (time.perf_counter() - start) / len(sides) * 1e3
     finally:
         gc.enable()
-    return {
-        "gpu_ms": [events[i].elapsed_time(events[i + 1]) for i in range(len(sides))],
-        "wall_ms": wall_ms,
-    }
+    return [events[i].elapsed_time(events[i + 1]) for i in range(len(sides))]
 
 
 def model_round(seq_lens, patched, inputs, wait_cycles, steps=MODEL_STEPS):

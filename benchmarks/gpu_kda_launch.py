@@ -508,23 +508,15 @@ def model_rounds(lens, inputs, wait_cycles, gpu_work_ms, sides, steps=gb.MODEL_S
         repin_to_quiet_cpu()
         first = bool(r % 2)
         order = [first, not first] * steps
-        batches = [cu_seqlens(lens) for _ in order]
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(len(order) + 1)]
-        torch.cuda.synchronize()
-        gc.collect()
-        gc.disable()
-        try:
-            for event, side, (dev, host) in zip(events, order, batches, strict=False):
-                event.record()
-                model_step(our_call if side else base_call, dev, host, inputs,
-                           wait_cycles)  # fmt: skip
-            events[-1].record()
-            torch.cuda.synchronize()
-        finally:
-            gc.enable()
+        batches = iter([cu_seqlens(lens) for _ in order])
+        intervals = gb.step_intervals(
+            order,
+            lambda side, batches=batches: model_step(
+                our_call if side else base_call, *next(batches), inputs, wait_cycles
+            ),
+        )
         if not r:
             continue
-        intervals = [events[i].elapsed_time(events[i + 1]) for i in range(len(order))]
         by_side = {True: [], False: []}
         for interval, side in zip(intervals, order, strict=True):
             by_side[side].append(interval)

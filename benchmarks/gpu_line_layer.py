@@ -272,23 +272,14 @@ def step_model(step: Step, wait_cycles: int, steps: int = MODEL_STEPS) -> dict:
     for r in range(ROUNDS + 1):
         repin_to_quiet_cpu()
         order = [OWN, SERIES] * steps if r % 2 else [SERIES, OWN] * steps
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(len(order) + 1)]
-        torch.cuda.synchronize()
-        gc.collect()
-        gc.disable()
-        try:
-            for event, side in zip(events, order, strict=False):
-                event.record()
-                model_step(step, side, wait_cycles)
-            events[-1].record()
-            torch.cuda.synchronize()
-        finally:
-            gc.enable()
+        intervals = gb.step_intervals(
+            order, lambda side: model_step(step, side, wait_cycles)
+        )
         if not r:
             continue
         ms = {OWN: [], SERIES: []}
-        for i, side in enumerate(order):
-            ms[side].append(events[i].elapsed_time(events[i + 1]))
+        for interval, side in zip(intervals, order, strict=True):
+            ms[side].append(interval)
         for side in (OWN, SERIES):
             medians[side].append(statistics.median(ms[side]))
             waited[side].append(

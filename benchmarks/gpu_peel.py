@@ -688,21 +688,11 @@ def model_rounds(b, wait_cycles, gpu_work, steps=gb.MODEL_STEPS) -> dict:
         repin_to_quiet_cpu()
         first = bool(r % 2)
         order = [first, not first] * steps
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(len(order) + 1)]
-        torch.cuda.synchronize()
-        gc.collect()
-        gc.disable()
-        try:
-            for event, side in zip(events, order, strict=False):
-                event.record()
-                model_step(b, side, wait_cycles)
-            events[-1].record()
-            torch.cuda.synchronize()
-        finally:
-            gc.enable()
+        intervals = gb.step_intervals(
+            order, lambda side: model_step(b, side, wait_cycles)
+        )
         if not r:
             continue
-        intervals = [events[i].elapsed_time(events[i + 1]) for i in range(len(order))]
         by = {True: [], False: []}
         for t, side in zip(intervals, order, strict=True):
             by[side].append(t)
