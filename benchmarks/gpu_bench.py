@@ -38,7 +38,6 @@ Paths compared for the metadata step:
 
 import functools
 import gc
-import importlib.util
 import json
 import os
 import statistics
@@ -52,12 +51,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from kda_harness import (  # noqa: E402
-    BUNDLE,
     REPINS,
     cpu_steal_ticks,
     cu_seqlens,
     kda_inputs,
     load_tree,
+    load_upstream_metadata,
     pin_to_quiet_cpu,
     repin_to_quiet_cpu,
 )
@@ -71,17 +70,11 @@ from vllm.third_party.flash_linear_attention.ops.index import (  # noqa: E402
     prepare_chunk_offsets,
 )
 
-
-def load_upstream():
-    path = BUNDLE / "upstream/vllm/models/kimi_k3/amd/kda_metadata.py"
-    spec = importlib.util.spec_from_file_location("upstream_kda_metadata", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    prepare = module.prepare_chunk_metadata_device
-    return lambda dev, host: prepare(dev, host, 64)
+upstream_metadata = load_upstream_metadata()
 
 
-upstream = load_upstream()
+def upstream(dev, host):
+    return upstream_metadata.prepare_chunk_metadata_device(dev, host, 64)
 
 
 def host_0271(dev, host):

@@ -58,7 +58,13 @@ def serving_mix(steps: int, max_num_seqs: int, max_tokens: int, seed: int = 0):
 def side(name: str, limit: str) -> dict:
     """One side in this process (the Triton cache is empty: see main)."""
     import torch
-    from kda_harness import BUNDLE, binaries, cu_seqlens, load_tree, pin_to_quiet_cpu
+    from kda_harness import (
+        binaries,
+        cu_seqlens,
+        load_tree,
+        load_upstream_metadata,
+        pin_to_quiet_cpu,
+    )
 
     max_num_seqs, max_tokens = LIMITS[limit]
     load_tree("patched")
@@ -77,12 +83,7 @@ def side(name: str, limit: str) -> dict:
         }
         prepare = module.prepare_chunk_metadata_device
     else:
-        import importlib.util
-
-        path = BUNDLE / "upstream/vllm/models/kimi_k3/amd/kda_metadata.py"
-        spec = importlib.util.spec_from_file_location("upstream_kda_metadata", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = load_upstream_metadata()
 
         def prepare(dev, host):
             return module.prepare_chunk_metadata_device(dev, host, 64)

@@ -84,9 +84,10 @@ MODEL_STEPS = 20  # modelled steps a side a round
 ROUNDS = gb.ROUNDS
 JITS = {
     "recurrent": unwrap(fused_recurrent.fused_recurrent_kda_fwd_kernel)[0],
-    "metadata": unwrap(sys.modules[series_metadata.__module__]._chunk_metadata_kernel)[
-        0
-    ],
+    "series metadata": unwrap(
+        sys.modules[series_metadata.__module__]._chunk_metadata_kernel
+    )[0],
+    "0.32.0 metadata": unwrap(gb.upstream_metadata._chunk_metadata_kernel)[0],
 }
 
 
@@ -207,11 +208,12 @@ class Step:
         return result
 
 
-def layer_times(step: Step) -> dict:
-    """Host and GPU microseconds per layer call, the sides in turn by round."""
+def layer_times(step: Step, queued: int) -> dict:
+    """Host and GPU microseconds per layer call, the sides in turn by round;
+    each side's calls start behind `queued` cycles of GPU wait (the host
+    issues ahead of the GPU)."""
     host = {OWN: [], SERIES: []}
     gpu = {OWN: [], SERIES: []}
-    queued = gb.sleep_cycles_for(50.0)  # the host issues ahead of the GPU
     for r in range(ROUNDS + 1):
         repin_to_quiet_cpu()
         for side in (OWN, SERIES) if r % 2 else (SERIES, OWN):
@@ -253,7 +255,9 @@ def model_step(step: Step, side: str, wait_cycles: int) -> None:
         torch.cuda._sleep(wait_cycles)
 
 
-def step_model(step: Step, wait_cycles: int, steps: int = MODEL_STEPS) -> dict:
+def step_model(
+    step: Step, wait_cycles: int, queued: int, steps: int = MODEL_STEPS
+) -> dict:
     """The sides alternating step by step; each step's interval on the GPU's
     timeline; per round the medians and the paired difference."""
     medians = {OWN: [], SERIES: []}
@@ -262,7 +266,7 @@ def step_model(step: Step, wait_cycles: int, steps: int = MODEL_STEPS) -> dict:
     gpu_only = {}
     for side in (OWN, SERIES):  # one step's GPU time behind a queue
         torch.cuda.synchronize()
-        torch.cuda._sleep(gb.sleep_cycles_for(300.0))
+        torch.cuda._sleep(queued)
         start, end = torch.cuda.Event(True), torch.cuda.Event(True)
         start.record()
         model_step(step, side, wait_cycles)
@@ -310,7 +314,9 @@ def main() -> None:
                        host_cpu=pin_to_quiet_cpu(), rounds=ROUNDS,
                        calls_per_round=CALLS, model_steps=MODEL_STEPS,
                        shapes={})  # fmt: skip
+    # calibrated once: the other layers' GPU wait, the queues timing starts behind
     wait_cycles = gb.sleep_cycles_for(gb.OTHER_GPU_MS / gb.LAYERS)
+    layer_queue, step_queue = gb.sleep_cycles_for(50.0), gb.sleep_cycles_for(300.0)
     for name, shape in SHAPES.items():
         step = Step(*shape)
         row = {"bitwise": step.bitwise()}
@@ -318,8 +324,8 @@ def main() -> None:
             model_step(step, side, wait_cycles)
         torch.cuda.synchronize()
         before = {k: binaries(jit) for k, jit in JITS.items()}
-        row.update(layer_times(step))
-        row["step model"] = step_model(step, wait_cycles)
+        row.update(layer_times(step, layer_queue))
+        row["step model"] = step_model(step, wait_cycles, step_queue)
         row["binaries compiled while timing"] = {
             k: binaries(jit) - before[k] for k, jit in JITS.items()
         }

@@ -44,6 +44,18 @@ def load_tree(tree: str):
     return kda_ops
 
 
+def load_upstream_metadata():
+    """The bundle's upstream ``amd/kda_metadata.py`` (vLLM's own chunk
+    metadata, beside the patched tree's), loaded under its own name."""
+    import importlib.util
+
+    path = BUNDLE / "upstream/vllm/models/kimi_k3/amd/kda_metadata.py"
+    spec = importlib.util.spec_from_file_location("upstream_kda_metadata", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def binaries(jit) -> int | None:
     """The binaries a Triton JIT function holds in this process, over every
     device (compiled here or read from Triton's disk cache); None when it
