@@ -53,7 +53,7 @@ from k3rocm.smoke.interpreter import interpretable, kda_kernels  # noqa: E402
 NUM_SPEC = 7  # dspark's draft tokens
 MAX_NUM_SEQS = 4 if DRY else 256
 TABLE_ROW = NUM_SPEC + 4  # a block table wider than the spec block
-STATE_SLOTS = 513  # 13 GB of state at 96 heads
+STATE_SLOTS = 513  # 3.2 GB of float32 state at 96 heads: past 2 GiB
 LOWER_BOUND = -5.0
 DT = torch.float32 if DRY else torch.bfloat16
 
@@ -79,9 +79,13 @@ def forget_binaries() -> None:
     recurrent_launch.PLANS.clear()
 
 
-def stand_in_layer(heads: int, slots: int):
-    """The attributes of a Kimi KDA layer that its recurrent calls read."""
+def stand_in_layer(heads: int, slots: int, random_state: bool = True):
+    """The attributes of a Kimi KDA layer that its recurrent calls read (a
+    state pool left unwritten when nothing runs on it: a key replay)."""
     width = heads * HEAD_DIM
+    pool = torch.empty(slots, heads, HEAD_DIM, HEAD_DIM, device=DEV)
+    if random_state:
+        pool.normal_(0.0, 0.1)
 
     class Projection:
         output_size_per_partition = 4 * width + HEAD_DIM + heads
@@ -93,14 +97,36 @@ def stand_in_layer(heads: int, slots: int):
         A_log = torch.randn(heads, device=DEV)
         dt_bias = torch.randn(width, device=DEV)
         gate_lower_bound = LOWER_BOUND
-        state = torch.randn(slots, heads, HEAD_DIM, HEAD_DIM, device=DEV) * 0.1
-        kv_cache = (None, state)
+        state = pool
+        kv_cache = (None, pool)
 
     return Layer
 
 
-def serving_call(layer, layouts: dict, rng: random.Random) -> str:
-    """One recurrent call of a random step, as the layer makes it."""
+def gathered_spec_indices(table: torch.Tensor) -> torch.Tensor:
+    """Speculative requests' state indices beside others, gathered with a
+    mask as 0.32.0's GDN builder gathers them: a new [n, NUM_SPEC + 1]
+    tensor. (.contiguous() of one request's row keeps the table's row
+    stride, which the kernel compiles in: until 2026-12-07 this harness did
+    that, 7 misses no layer makes.)"""
+    rows = torch.ones(table.shape[0], dtype=torch.bool, device=table.device)
+    return table[rows, : NUM_SPEC + 1]
+
+
+def series_warm_up(layer) -> dict:
+    """The series' warm-up as the builder calls it, up to the launcher's
+    largest step (on AMD its storages pass 2 GiB)."""
+    largest = PROVEN_TOKEN_HEADS // layer.local_num_heads
+    done = warm_up.warm_up_recurrent_kda(
+        [layer], TABLE_ROW, NUM_SPEC, MAX_NUM_SEQS, largest
+    )
+    return {"layouts": done.layouts, "calls": done.calls}
+
+
+def serving_arguments(layer, layouts: dict, rng: random.Random) -> tuple[str, dict]:
+    """The path and arguments of one recurrent call of a random step, laid
+    out as the layer makes it (tests/benchmarks replays them through a
+    recorder of Triton's cache keys)."""
     path = rng.choice(["speculative step"] * 3 + ["beside others", "plain decodes"])
     n = rng.choice([1, 2, 3, 4, 8, 16, rng.randint(1, MAX_NUM_SEQS)])
     n = min(n, MAX_NUM_SEQS)
@@ -125,11 +151,7 @@ def serving_call(layer, layouts: dict, rng: random.Random) -> str:
     if path == "speculative step":
         indices = table[:, : NUM_SPEC + 1]
     elif path == "beside others":
-        # Gathered with a mask, as 0.32.0's GDN builder gathers them: a new
-        # [n, NUM_SPEC + 1] tensor. (.contiguous() of one request's row
-        # keeps the table's row stride, which the kernel compiles in: until
-        # 2026-12-07 this harness did that, 7 misses no layer makes.)
-        indices = table[torch.ones(n, dtype=torch.bool, device=DEV), : NUM_SPEC + 1]
+        indices = gathered_spec_indices(table)
     else:
         indices = table[:, 0]
 
@@ -147,7 +169,7 @@ def serving_call(layer, layouts: dict, rng: random.Random) -> str:
     cu[1:] = torch.tensor(lengths).cumsum(0)
     common = lengths[0] if spec and len(set(lengths)) == 1 else None
     accepted = torch.tensor([rng.randint(1, n_) for n_ in lengths], dtype=torch.int32)
-    out, _ = fused_recurrent.fused_recurrent_kda(
+    return path, dict(
         q=q, k=k, v=v, raw_g=rows(width).unflatten(-1, (heads, HEAD_DIM))[None],
         raw_beta=beta[None], A_log=layer.A_log, dt_bias=layer.dt_bias,
         lower_bound=LOWER_BOUND, initial_state=layer.state, cu_seqlens=cu.to(DEV),
@@ -155,6 +177,12 @@ def serving_call(layer, layouts: dict, rng: random.Random) -> str:
         num_accepted_tokens=accepted.to(DEV) if spec else None,
         uniform_sequence_length=common,
     )  # fmt: skip
+
+
+def serving_call(layer, layouts: dict, rng: random.Random) -> str:
+    """One recurrent call of a random step through 0.32.0's wrapper."""
+    path, arguments = serving_arguments(layer, layouts, rng)
+    out, _ = fused_recurrent.fused_recurrent_kda(**arguments)
     assert torch.isfinite(out).all(), path
     return path
 
@@ -166,12 +194,7 @@ def arm(heads: int, warm: str, calls: int, seed: int) -> dict:
     forget_binaries()
     start = time.perf_counter()
     if warm == "series warm-up":
-        # The launcher's largest step: on AMD its storages pass 2 GiB.
-        largest = PROVEN_TOKEN_HEADS // heads
-        done = warm_up.warm_up_recurrent_kda(
-            [layer], TABLE_ROW, NUM_SPEC, MAX_NUM_SEQS, largest
-        )
-        warmed = {"layouts": done.layouts, "calls": done.calls}
+        warmed = series_warm_up(layer)
     else:  # gpu_spec.py's baseline: the first 50 serving calls
         for _ in range(2 if DRY else 50):
             serving_call(layer, layouts, rng)

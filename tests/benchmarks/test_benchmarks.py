@@ -7,21 +7,12 @@ import sys
 import zipfile
 from pathlib import Path
 
-import pytest
 from support.vllm_trees import REPO, UPSTREAM_TREE, patched_tree
 
 from k3rocm.common.profiles import PROFILES
 from k3rocm.patchtool.series import Series
 
 BENCHMARKS = REPO / "benchmarks"
-
-
-@pytest.fixture(scope="module")
-def bundle():
-    subprocess.run(
-        [sys.executable, str(BENCHMARKS / "gpu_bundle.py")], check=True, cwd=REPO
-    )
-    return REPO / ".gpu"
 
 
 def test_bundle_holds_patched_pristine_and_upstream_kernels(bundle):
