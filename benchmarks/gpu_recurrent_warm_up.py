@@ -73,9 +73,7 @@ def forget_binaries() -> None:
     warm-up and calls bring in (compiled, or read from Triton's disk cache),
     never the other arm's; nor direct-launch plans (k4.2's), which hold
     binaries read back from that cache."""
-    caches = getattr(_recurrent_jit(), "device_caches", None)
-    if caches is not None:
-        caches.clear()
+    kda_harness.forget_binaries(_recurrent_jit())
     recurrent_launch.PLANS.clear()
 
 

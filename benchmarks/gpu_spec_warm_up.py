@@ -46,14 +46,6 @@ RECURRENT_JIT = kda_chunk_launch.unwrap(fused_recurrent.fused_recurrent_kda_fwd_
 ]
 
 
-def binaries() -> int:
-    return kda_harness.binaries(RECURRENT_JIT)
-
-
-def forget_binaries() -> None:
-    RECURRENT_JIT.device_caches.clear()
-
-
 def serving_call(layer, pool, rng: random.Random) -> str:
     """One spec call of a random dspark step, as the layer's spec path makes
     it; returns its layout."""
@@ -98,7 +90,7 @@ def serving_call(layer, pool, rng: random.Random) -> str:
 
 def arm(warm: str, pools, seed: int) -> dict:
     rng = random.Random(seed)
-    forget_binaries()
+    kda_harness.forget_binaries(RECURRENT_JIT)
     row = {"warm-up": warm}
     if warm == "k3.11":
         start = time.perf_counter()
@@ -109,16 +101,16 @@ def arm(warm: str, pools, seed: int) -> dict:
             layers=done.layers,
             seconds=round(time.perf_counter() - start, 2),
         )
-    before = last = binaries()
+    before = last = kda_harness.binaries(RECURRENT_JIT)
     row["binaries after warm-up"] = before
     new_at, layouts = [], {}
     for i in range(CALLS):
         layer = rng.randrange(len(gkl.LAYERS))
         layout = serving_call(gkl.LAYERS[layer], pools[layer], rng)
         layouts[layout] = layouts.get(layout, 0) + 1
-        if binaries() != last:
+        if kda_harness.binaries(RECURRENT_JIT) != last:
             new_at.append(i)
-            last = binaries()
+            last = kda_harness.binaries(RECURRENT_JIT)
     row.update(
         {
             "serving calls": CALLS,

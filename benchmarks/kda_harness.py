@@ -64,6 +64,15 @@ def binaries(jit) -> int | None:
     return None if caches is None else sum(len(c[0]) for c in caches.values())
 
 
+def forget_binaries(jit) -> None:
+    """Drop the binaries a Triton JIT function holds in this process, so a
+    run's count starts from none (compiled, or read back from Triton's disk
+    cache); nothing to drop in the interpreter."""
+    caches = getattr(jit, "device_caches", None)
+    if caches is not None:
+        caches.clear()
+
+
 def cu_seqlens(seq_lens, device="cuda") -> tuple[torch.Tensor, torch.Tensor]:
     cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(seq_lens, dtype=torch.int64).cumsum(0)
