@@ -29,6 +29,7 @@
     K3_KDA_ONLY=variants python3 benchmarks/gpu_kda_launch.py   # 2, 3 on 200
                # batches, 5, 6 with coarser pieces and each kernel's GPU
                # time, and 7
+    K3_KDA_ONLY=step_model python3 benchmarks/gpu_kda_launch.py  # 1 and 7
 """
 
 import ast
@@ -752,6 +753,10 @@ def main():
         report["host_us_per_call"] = {n: host_rounds(x) for n, x in SHAPES.items()}
         report["variants"] = variants((OURS,), layouts=True)
         print(json.dumps(report["variants"], indent=1, default=str), flush=True)
+        save()
+        return
+    if os.environ.get("K3_KDA_ONLY") == "step_model":  # this part alone
+        report[f"step_model_k3.3_vs_{OURS}"] = step_model_vs_k33(OURS, launched)
         save()
         return
     # Straight after the warm-up, before any other call can make a plan.

@@ -37,6 +37,7 @@ All three leave out what the layer does around the ops on every side alike
    paired statistic, the share of steps the GPU waited for the host.
 
     python3 benchmarks/gpu_peel.py      # needs .gpu/ (gpu_bundle.py)
+    K3_PEEL_ONLY=step_model python3 benchmarks/gpu_peel.py  # the warm-up, 5
 """
 
 import functools
@@ -793,6 +794,9 @@ def main():
 
     # The builder's warm-ups first: no other call has planned anything yet.
     part("warm_up", gkl.warm_up)
+    if os.environ.get("K3_PEEL_ONLY") == "step_model":  # part 5 alone
+        part("step_model", step_model)
+        return
     part("compiles_after_warm_up", compiles_after_warm_up)
     part("recurrent_launch_bitwise", recurrent_launch_bitwise)
     for name, lens in SHAPES.items():
