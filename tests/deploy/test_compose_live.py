@@ -611,8 +611,15 @@ def test_a_killed_engine_core_is_still_a_counted_restart(project):
         lambda: server_logs(server)[-4000:],
     )
     wait_for("vLLM answering again", lambda: _health_status(project["api"]) == 200, 300)
-    assert container_state(server)["RestartCount"] == restarts
     after_kill = server_logs(server).rsplit(counted, 1)[1]
+    # Why the container ended, if it did: its own lines (the guard's stop
+    # reason, the watchdog, supervisord), not vLLM's.
+    own = [
+        line
+        for line in after_kill.splitlines()
+        if line.startswith(("k3rocm.", "serve-kimi-k3")) or " INFO " in line[:40]
+    ]
+    assert container_state(server)["RestartCount"] == restarts, "\n".join(own[-40:])
     assert "the engine stalled" not in after_kill
 
 
