@@ -5,7 +5,11 @@ test_stall_docker.py."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import subprocess
+import sys
+import threading
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +18,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from k3rocm.common.engine_progress import read_stall_mark, write_stall_mark
 from k3rocm.common.metric_names import ENGINE_REQUESTS, LAST_STEP
-from k3rocm.common.run_files import READY_MARK, STALL_MARK
+from k3rocm.common.run_files import READY_MARK, STALL_MARK, VLLM_GROUP_FILE
 from k3rocm.common.setting_table import STALL_SECONDS
 from k3rocm.container import health, watchdog
 
@@ -188,3 +192,67 @@ def test_stall_mark_round_trip(tmp_path):
     assert json.loads((tmp_path / STALL_MARK).read_text())["detected"] == 7.0
     assert read_stall_mark(tmp_path) is not None
     assert read_stall_mark(tmp_path / "nothing") is None
+
+
+# The watchdog's loop in its own process, on_stall only reported: between a
+# vLLM that exited and the next (supervisord restarts it; the next start
+# first reaps what is left of the dead one's group, up to 30 s), /metrics is
+# silent while the run directory still says "ready".
+WATCH = """
+import sys
+from pathlib import Path
+from k3rocm.container import watchdog
+def stalled(*_):
+    print("stalled", flush=True)
+    sys.exit(0)
+watchdog.on_stall = stalled
+probe = watchdog.Probe(sys.argv[2], None, "kimi-k3", 1.0)
+watchdog.watch(Path(sys.argv[1]), sys.argv[2], 2, probe)
+"""
+
+
+@pytest.mark.parametrize("leader", ["exited", "running (planted: a silent server)"])
+def test_a_vllm_that_exited_is_no_stall_while_the_next_starts(tmp_path, leader):
+    registry = CollectorRegistry()
+    Gauge(LAST_STEP, "x", ["model_name", "engine"], registry=registry).labels(
+        "kimi-k3", "0"
+    ).set(1.0)
+    metrics = generate_latest(registry)
+    answered = threading.Semaphore(0)
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(metrics)
+            answered.release()
+
+        def log_message(self, *_):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    vllm = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    (tmp_path / READY_MARK.name).write_text("pass\n")
+    (tmp_path / VLLM_GROUP_FILE.name).write_text(f"{vllm.pid}\n")
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    watch = subprocess.Popen(
+        [sys.executable, "-c", WATCH, str(tmp_path), url], stdout=subprocess.PIPE
+    )
+    try:
+        for _ in range(2):  # looks that answer: the watchdog is armed
+            assert answered.acquire(timeout=60), "the watchdog never looked"
+        server.shutdown()
+        server.server_close()
+        if leader == "exited":
+            vllm.kill()
+            vllm.wait()
+        try:
+            out, _ = watch.communicate(timeout=8)  # four times the stall time
+        except subprocess.TimeoutExpired:
+            out = b""
+        assert (b"stalled" in out) == (leader != "exited")
+    finally:
+        watch.kill()
+        vllm.kill()
+        vllm.wait()

@@ -17,7 +17,8 @@ engine reports nothing to do (a client still reading a finished stream, a
 request not yet handed to the engine) are told apart by a probe: a one-token
 completion sent once half the time has passed, which a live engine answers
 with a step. The watchdog judges only while the server is serving (ready
-mark, no drain, no stop under way), and starts afresh with each new vLLM.
+mark, no drain, no stop under way, its API server running: an exited vLLM
+is the guard's), and starts afresh with each new vLLM.
 
 On a stall: the ``stalled`` mark (the health check reports it at once), the
 stacks of every vLLM process (k3rocm.container.forensics), then vLLM's process group is
@@ -50,7 +51,7 @@ from k3rocm.common.exit_codes import ExitCode
 from k3rocm.common.line_log import line_logger
 from k3rocm.common.metric_names import API_IN_FLIGHT, ENGINE_REQUESTS, LAST_STEP
 from k3rocm.common.metrics_text import finite_samples
-from k3rocm.common.node import headless_node
+from k3rocm.common.node import headless_node, vllm_group_alive
 from k3rocm.common.run_files import (
     DRAIN_MARK,
     READY_MARK,
@@ -294,6 +295,11 @@ def watch(directory: Path, base_url: str, stall: int, probe: Probe) -> None:
         current = vllm_group(directory)
         if current != group:  # a new vLLM: judge it from its first answer on
             group, judge, armed = current, StallJudge(stall), False
+        if current is not None and not vllm_group_alive(directory):
+            # vLLM exited: the guard's (it counts it, the next may take longer
+            # than the stall time to start); its silence meanwhile is no stall.
+            judge, armed = StallJudge(stall), False
+            continue
         look = read_look(metrics_url)
         armed = armed or look is not None
         if not armed:
