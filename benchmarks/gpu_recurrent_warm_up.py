@@ -51,11 +51,12 @@ from k3rocm.launcher.step_bound import PROVEN_TOKEN_HEADS  # noqa: E402
 from k3rocm.smoke.interpreter import interpretable, kda_kernels  # noqa: E402
 
 NUM_SPEC = 7  # dspark's draft tokens
-MAX_NUM_SEQS = 4 if DRY else 256
+GPU_MAX_NUM_SEQS, GPU_DT = 256, torch.bfloat16  # a GPU run's (a dry run's smaller)
+MAX_NUM_SEQS = 4 if DRY else GPU_MAX_NUM_SEQS
 TABLE_ROW = NUM_SPEC + 4  # a block table wider than the spec block
 STATE_SLOTS = 513  # 3.2 GB of float32 state at 96 heads: past 2 GiB
 LOWER_BOUND = -5.0
-DT = torch.float32 if DRY else torch.bfloat16
+DT = torch.float32 if DRY else GPU_DT
 
 
 def _recurrent_jit():
@@ -109,6 +110,11 @@ def gathered_spec_indices(table: torch.Tensor) -> torch.Tensor:
     that, 7 misses no layer makes.)"""
     rows = torch.ones(table.shape[0], dtype=torch.bool, device=table.device)
     return table[rows, : NUM_SPEC + 1]
+
+
+def call_layouts(layer) -> dict:
+    """The layer's recurrent calls' layouts, by call."""
+    return {x.call: x for x in warm_up.layer_layouts(layer, TABLE_ROW, NUM_SPEC)}
 
 
 def series_warm_up(layer) -> dict:
@@ -187,7 +193,7 @@ def serving_call(layer, layouts: dict, rng: random.Random) -> str:
 
 def arm(heads: int, warm: str, calls: int, seed: int) -> dict:
     layer = stand_in_layer(heads, STATE_SLOTS)
-    layouts = {x.call: x for x in warm_up.layer_layouts(layer, TABLE_ROW, NUM_SPEC)}
+    layouts = call_layouts(layer)
     rng = random.Random(seed)
     forget_binaries()
     start = time.perf_counter()

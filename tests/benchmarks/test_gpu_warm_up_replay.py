@@ -30,33 +30,35 @@ CALLS = 400
 REPLAY = """
 import json, random, sys
 
-import torch
 import gpu_recurrent_warm_up as harness
 from support.recurrent_launch_keys import Recorder
 
 heads, calls, planted = json.loads(sys.argv[1])
-# The GPU run's sizes and dtype (the dry run's are smaller).
-harness.MAX_NUM_SEQS, harness.DT = 256, torch.bfloat16
+harness.MAX_NUM_SEQS, harness.DT = harness.GPU_MAX_NUM_SEQS, harness.GPU_DT
 if planted:  # the harness's gather until 2026-12-07
     harness.gathered_spec_indices = lambda table: table[
         :, : harness.NUM_SPEC + 1
     ].contiguous()
-recorder = Recorder()
+class Counting(Recorder):
+    launches = 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return super().__getitem__(grid)
+
+
+recorder = Counting()
 harness.fused_recurrent.fused_recurrent_kda_fwd_kernel = recorder
 layer = harness.stand_in_layer(heads, harness.STATE_SLOTS, random_state=False)
-layouts = {
-    x.call: x
-    for x in harness.warm_up.layer_layouts(layer, harness.TABLE_ROW, harness.NUM_SPEC)
-}
+layouts = harness.call_layouts(layer)
 harness.series_warm_up(layer)
 assert recorder.compiled and not recorder.launched
 rng = random.Random(heads)  # the series arm's calls, as harness.arm draws them
 missed_at = []
 for i in range(calls):
     _, arguments = harness.serving_arguments(layer, layouts, rng)
-    launched = len(recorder.launched)
     harness.fused_recurrent.fused_recurrent_kda(**arguments)
-    assert len(recorder.launched) >= launched
+    assert recorder.launches == i + 1  # each call launched through the recorder
     if recorder.launched - recorder.compiled:
         missed_at.append(i)
         recorder.compiled |= recorder.launched  # compiled once, as on the GPU
