@@ -72,8 +72,17 @@ def vllm_group_alive(directory: Path) -> bool:
     """Whether the process group vLLM was started in still has its leader."""
     try:
         group = int((directory / VLLM_GROUP_FILE).read_text().strip())
-        os.kill(group, 0)
     except (OSError, ValueError):
+        return False
+    return group_leader_alive(group)
+
+
+def group_leader_alive(group: int) -> bool:
+    """Whether a process group's leader (vLLM's API server: supervisord
+    starts it as one, the launcher execs into vLLM) still runs."""
+    try:
+        os.kill(group, 0)
+    except OSError:
         return False
     return True
 

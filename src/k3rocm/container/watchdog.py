@@ -51,7 +51,7 @@ from k3rocm.common.exit_codes import ExitCode
 from k3rocm.common.line_log import line_logger
 from k3rocm.common.metric_names import API_IN_FLIGHT, ENGINE_REQUESTS, LAST_STEP
 from k3rocm.common.metrics_text import finite_samples
-from k3rocm.common.node import headless_node, vllm_group_alive
+from k3rocm.common.node import group_leader_alive, headless_node
 from k3rocm.common.run_files import (
     DRAIN_MARK,
     READY_MARK,
@@ -295,7 +295,7 @@ def watch(directory: Path, base_url: str, stall: int, probe: Probe) -> None:
         current = vllm_group(directory)
         if current != group:  # a new vLLM: judge it from its first answer on
             group, judge, armed = current, StallJudge(stall), False
-        if current is not None and not vllm_group_alive(directory):
+        if current is not None and not group_leader_alive(current):
             # vLLM exited: the guard's (it counts it, the next may take longer
             # than the stall time to start); its silence meanwhile is no stall.
             judge, armed = StallJudge(stall), False
